@@ -1,0 +1,119 @@
+"""`LLM`: load a checkpoint once, then `generate(prompts, params)` like vLLM.
+
+Invariants: prompts are validated before any forward (non-empty list; each a non-empty string or a
+list of in-vocabulary token ids; prompt + max_new_tokens within the model's context); nothing is
+truncated. Requests are decoded one at a time (each with its own prefix cache); stats are returned
+per request in `RequestOutput.stats`, never printed.
+"""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from specfold.decoding.loop import Decoder
+from specfold.decoding.methods import get_method
+from specfold.errors import CheckpointError, ParamsError
+from specfold.models.loader import load_model
+from specfold.models.tokenizer import Tokenizer
+from specfold.outputs import RequestOutput
+from specfold.params import DecodeParams
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
+
+Prompt = str | Sequence[int]
+
+
+def tiny_path() -> Path:
+    """Folder of the embedded tiny model inside the installed package."""
+    p = Path(str(resources.files("specfold.tiny") / "model"))
+    if not (p / "config.json").is_file():
+        raise CheckpointError(f"the embedded tiny model is missing from the installed package ({p}); "
+                              f"reinstall specfold or run `specfold train-tiny --out DIR`")
+    return p
+
+
+def _dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ParamsError(f"unknown dtype {dtype!r}; accepted: {sorted(DTYPES)}") from None
+
+
+class LLM:
+    def __init__(self, model: str | os.PathLike = "tiny", dtype: str | torch.dtype = "float32",
+                 device: str = "cpu", overrides: dict | None = None):
+        path = tiny_path() if str(model) == "tiny" else Path(model)
+        if not path.is_dir():
+            raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist (expected a local "
+                                  f"HuggingFace folder with config.json and *.safetensors, or 'tiny')")
+        self.path = path
+        self.tokenizer = Tokenizer.load(path)
+        self.model, self.spec, self.config = load_model(
+            path, _dtype(dtype), device, overrides, self.tokenizer.vocab if self.tokenizer else None)
+
+    # ------------------------------------------------------------------ prompts
+    def encode(self, prompt: Prompt, params: DecodeParams) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ParamsError("empty prompt string")
+            if self.tokenizer is None:
+                raise CheckpointError(f"{str(self.path)!r} has no tokenizer.json: pass prompts as lists "
+                                      f"of token ids")
+            text = prompt
+            if params.chat_template:
+                text = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            ids = self.tokenizer.encode(text)
+        else:
+            try:
+                ids = [int(t) for t in prompt]
+            except (TypeError, ValueError):
+                raise ParamsError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
+            if params.chat_template and self.tokenizer is not None:
+                raise ParamsError("chat_template=True needs string prompts (token-id prompts are taken as is)")
+        if not ids:
+            raise ParamsError("prompt encodes to no tokens")
+        bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
+        if bad:
+            raise ParamsError(f"prompt token ids outside the vocabulary [0, {self.spec.vocab_size}): {bad[:5]}")
+        ctx = self.spec.max_position_embeddings
+        if len(ids) + params.max_new_tokens > ctx:
+            raise ParamsError(f"prompt of {len(ids)} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
+                              f"model's context of {ctx} positions; shorten the prompt or lower max_new_tokens")
+        return ids
+
+    # ------------------------------------------------------------------ generate
+    def decoder(self, params: DecodeParams) -> Decoder:
+        p = params.resolve(self.spec)
+        policy, verifier = get_method(p.method)(self.model, self.spec, p)
+        return Decoder(self.model, self.spec, p, policy, verifier)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], params: DecodeParams | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        params = params or DecodeParams()
+        if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ParamsError("generate() got an empty list of prompts")
+        encoded = [self.encode(pr, params) for pr in prompts]
+        dec = self.decoder(params)
+        it = encoded
+        if use_tqdm:
+            from tqdm import tqdm
+            it = tqdm(encoded, desc=f"generate[{params.method}]", unit="prompt")
+        outs = []
+        for prompt, ids in zip(prompts, it):
+            gen, finish, stats = dec.run(ids)
+            text = self.tokenizer.decode(gen) if self.tokenizer is not None else ""
+            outs.append(RequestOutput(prompt=prompt if isinstance(prompt, str) else None,
+                                      prompt_token_ids=ids, token_ids=gen, text=text,
+                                      finish_reason=finish, stats=stats))
+        return outs

@@ -1,0 +1,1 @@
+"""Decoding: unmask rules, the one advance loop, draft policies, verifiers, and the method registry."""

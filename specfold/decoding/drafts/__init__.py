@@ -1,0 +1,1 @@
+"""Draft policies: guess future block states from the parent step's scores."""

@@ -1,0 +1,18 @@
+"""Error types. Every user-facing failure is one of these, with a message that says what was wrong
+and what is accepted."""
+
+
+class SpecfoldError(ValueError):
+    """Base class of specfold's user-facing errors."""
+
+
+class CheckpointError(SpecfoldError):
+    """A checkpoint folder is missing, incomplete or malformed."""
+
+
+class ConfigError(SpecfoldError):
+    """A model configuration cannot be resolved (unknown model_type, missing mask id, ...)."""
+
+
+class ParamsError(SpecfoldError):
+    """Decode parameters that cannot be satisfied."""

@@ -1,0 +1,145 @@
+"""Load a local HuggingFace checkpoint folder: config.json + safetensors (single or sharded) + tokenizer.
+
+Weight names are mapped from each family's layout to specfold's canonical names (`embed`,
+`layers.{i}.q_proj`, ..., `norm`, `lm_head`). Invariants: every parameter of the model must be found
+(else CheckpointError naming the missing ones); shapes must match; tensors are read one at a time
+straight into the model's dtype and device.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from specfold.errors import CheckpointError
+from specfold.models.spec import ModelSpec, resolve_spec
+from specfold.models.transformer import Transformer
+
+_LAYER_PARTS = {  # HF suffix inside a layer -> canonical
+    "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
+    "self_attn.o_proj": "o_proj", "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm",
+    "mlp.gate_proj": "gate_proj", "mlp.up_proj": "up_proj", "mlp.down_proj": "down_proj",
+    "input_layernorm": "input_norm", "post_attention_layernorm": "post_norm",
+}
+_OLMO_PARTS = {  # LLaDA (OLMo names) suffix inside a block -> canonical
+    "q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "attn_out": "o_proj",
+    "ff_proj": "gate_proj", "up_proj": "up_proj", "ff_out": "down_proj",
+    "attn_norm": "input_norm", "ff_norm": "post_norm",
+}
+
+
+def canonical_name(name: str, layout: str) -> str | None:
+    """Map a checkpoint tensor name to specfold's name (None: not a model weight, e.g. inv_freq)."""
+    if layout == "olmo":
+        m = re.fullmatch(r"model\.transformer\.blocks\.(\d+)\.(\w+)\.(weight|bias)", name)
+        if m and m.group(2) in _OLMO_PARTS:
+            return f"layers.{m.group(1)}.{_OLMO_PARTS[m.group(2)]}.{m.group(3)}"
+        return {"model.transformer.wte.weight": "embed.weight",
+                "model.transformer.ln_f.weight": "norm.weight",
+                "model.transformer.ff_out.weight": "lm_head.weight"}.get(name)
+    root = "encoder" if layout == "nemotron" else "model"
+    m = re.fullmatch(rf"{root}\.layers\.(\d+)\.([\w.]+)\.(weight|bias)", name)
+    if m and m.group(2) in _LAYER_PARTS:
+        return f"layers.{m.group(1)}.{_LAYER_PARTS[m.group(2)]}.{m.group(3)}"
+    table = {f"{root}.embed_tokens.weight": "embed.weight", f"{root}.norm.weight": "norm.weight"}
+    if layout == "nemotron":
+        table.update({"diffusion_head.weight": "lm_head.weight", "lm_head.weight": "ar_head.weight"})
+    else:
+        table["lm_head.weight"] = "lm_head.weight"
+    return table.get(name)
+
+
+def read_config(path: Path) -> dict:
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist (expected a local "
+                              f"HuggingFace folder with config.json and *.safetensors, or 'tiny')")
+    cfg_path = path / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"{str(path)!r} has no config.json")
+    try:
+        return json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index} is malformed ({e!r}); expected a 'weight_map'") from None
+        missing = [s for s in shards if not (path / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{str(path)!r}: shard(s) listed in model.safetensors.index.json are "
+                                  f"missing: {missing}")
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{str(path)!r} has no *.safetensors weights "
+                              f"(model.safetensors or a sharded model.safetensors.index.json)")
+    return files
+
+
+def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.device,
+               overrides: dict | None = None, vocab: dict[str, int] | None = None
+               ) -> tuple[Transformer, ModelSpec, dict]:
+    """Build the Transformer of a checkpoint folder and load its weights. Returns (model, spec, config)."""
+    path = Path(path)
+    config = read_config(path)
+    spec = resolve_spec(config, overrides, vocab)
+    files = weight_files(path)
+    with torch.device("meta"):
+        model = Transformer(spec)
+    if any("lm_head.weight" == n for n in _names(files)) and spec.weight_layout == "nemotron":
+        model.ar_head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device="meta")
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded: dict[str, torch.Tensor] = {}
+    unused = []
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    canon = canonical_name(name, spec.weight_layout)
+                    if canon is None or canon not in params:
+                        if not name.endswith("inv_freq"):
+                            unused.append(name)
+                        continue
+                    t = sf.get_tensor(name)
+                    if tuple(t.shape) != tuple(params[canon].shape):
+                        raise CheckpointError(f"{f.name}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                              f"config.json implies {tuple(params[canon].shape)}")
+                    loaded[canon] = t.to(device=device, dtype=dtype)
+        except (OSError, RuntimeError) as e:
+            if isinstance(e, CheckpointError):
+                raise
+            raise CheckpointError(f"cannot read weights file {f}: {e}") from None
+    if spec.tie_word_embeddings:
+        loaded.pop("lm_head.weight", None)
+    missing = sorted(n for n in params if n not in loaded
+                     and not (spec.tie_word_embeddings and n == "lm_head.weight"))
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
+        raise CheckpointError(f"{str(path)!r}: weights missing from the checkpoint: {shown}")
+    if unused:
+        warnings.warn(f"{len(unused)} checkpoint tensor(s) not used by specfold, e.g. {unused[:3]}")
+    model.load_state_dict(loaded, strict=False, assign=True)
+    if spec.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.rope = type(model.rope)(spec.head_dim, spec.rope_theta, spec.rope_scaling,
+                                  spec.max_position_embeddings)
+    model.eval().requires_grad_(False)
+    return model, spec, config
+
+
+def _names(files: list[Path]) -> list[str]:
+    out = []
+    for f in files:
+        with safe_open(str(f), framework="pt", device="cpu") as sf:
+            out.extend(sf.keys())
+    return out

@@ -1,0 +1,229 @@
+"""Model families as data: one table, one `ModelSpec`, no class per checkpoint.
+
+`resolve_spec(config, overrides, tokenizer_vocab)` turns a HuggingFace `config.json` (a dict) into a
+`ModelSpec`: the transformer's dimensions and layout, plus everything decoding needs (mask id, stop
+ids, logits shift, attention kind, block alignment, seed token, default decode settings).
+
+Invariants:
+- the mask id is never guessed: overrides > config `mask_token_id` > the family's mask token looked up
+  in the tokenizer vocabulary > ConfigError;
+- `overrides` may set any ModelSpec field (like vLLM's `hf_overrides`); unknown names are rejected;
+- a `model_type` not in the table is rejected with the list of supported ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfold.errors import ConfigError
+
+ATTENTION_KINDS = ("block_causal", "bidirectional", "causal_prefix")
+ALIGNMENTS = ("absolute", "after_prompt")
+WEIGHT_LAYOUTS = ("hf", "olmo", "nemotron")
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    family: str
+    model_type: str
+    # transformer shape
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # HF rope_parameters / rope_scaling dict, or None for default
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    weight_layout: str = "hf"
+    # diffusion decoding
+    mask_token_id: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logits_shift: bool = False
+    attention: str = "block_causal"
+    alignment: str = "absolute"
+    seed_token: bool = False
+    block_size: int = 32
+    sub_block_size: int | None = None
+    rule: str = "threshold"
+    threshold: float = 0.9
+    threshold_ge: bool = False
+    tokens_per_step: int = 1
+    confidence: str = "max_prob"
+    max_new_tokens_multiple_of_block: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.attention != "bidirectional"
+
+
+# Family table: model_type -> (family name, layout defaults, decoding defaults).
+# Decoding defaults follow each family's published inference settings (SPEC §2).
+_QWEN2 = dict(qkv_bias=True, qk_norm=False)
+_QWEN3 = dict(qkv_bias=False, qk_norm=True)
+_LLAMA = dict(qkv_bias=False, qk_norm=False)
+
+FAMILIES: dict[str, dict[str, Any]] = {
+    "Fast_dLLM_Qwen": dict(
+        family="fast_dllm_v2", **_QWEN2, mask_token="|<MASK>|", stop_token_ids=(151645,),
+        logits_shift=True, attention="block_causal", alignment="absolute", seed_token=True,
+        block_size=32, sub_block_size=8, rule="sub_block", threshold=0.9),
+    "sdar": dict(
+        family="sdar", **_QWEN3, stop_token_ids=(151645, 151643), logits_shift=False,
+        attention="block_causal", alignment="absolute", seed_token=False, block_size=4,
+        rule="static", tokens_per_step=1),
+    "Dream": dict(
+        family="dream", **_QWEN2, stop_token_ids=(151643,), logits_shift=True,
+        attention="bidirectional", block_size=32, rule="dream", confidence="neg_entropy"),
+    "llada": dict(
+        family="llada", **_LLAMA, weight_layout="olmo", stop_token_ids=(126081, 126348),
+        logits_shift=False, attention="bidirectional", block_size=32, rule="llada"),
+    "nemotron_labs_diffusion": dict(
+        family="nemotron_labs_diffusion", **_LLAMA, weight_layout="nemotron", stop_token_ids=(11,),
+        logits_shift=False, attention="causal_prefix", alignment="after_prompt", seed_token=True,
+        block_size=32, rule="threshold", threshold=0.9, threshold_ge=True,
+        max_new_tokens_multiple_of_block=True),
+    "qwen2": dict(family="qwen2", **_QWEN2),
+    "qwen3": dict(family="qwen3", **_QWEN3),
+    "llama": dict(family="llama", **_LLAMA),
+    "ministral3": dict(family="ministral3", **_LLAMA),
+}
+# Plain base layouts carry no diffusion defaults: the diffusion fields must come from config.json
+# (mask_token_id, block_size, ...) or from `overrides`.
+_PLAIN = {"qwen2", "qwen3", "llama", "ministral3"}
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)}
+_DIFFUSION_CONFIG_KEYS = ("block_size", "sub_block_size", "logits_shift", "attention", "alignment",
+                          "seed_token", "threshold", "rule", "stop_token_ids")
+
+
+def supported_model_types() -> list[str]:
+    return sorted(FAMILIES)
+
+
+def _get(cfg: dict, *names: str, default: Any = None) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def _shape_fields(cfg: dict, layout: str) -> dict[str, Any]:
+    """Transformer dimensions from an HF config (Llama/Qwen names) or an OLMo-style config (LLaDA)."""
+    try:
+        if layout == "olmo":
+            d, heads = cfg["d_model"], cfg["n_heads"]
+            shape = dict(
+                hidden_size=d, num_layers=cfg["n_layers"], num_heads=heads,
+                num_kv_heads=_get(cfg, "n_kv_heads", default=heads),
+                head_dim=_get(cfg, "head_dim", default=d // heads),
+                intermediate_size=cfg["mlp_hidden_size"],
+                vocab_size=_get(cfg, "embedding_size", "vocab_size"),
+                rms_eps=_get(cfg, "rms_norm_eps", default=1e-5),
+                rope_theta=_get(cfg, "rope_theta", default=10000.0),
+                max_position_embeddings=_get(cfg, "max_sequence_length", default=4096),
+                tie_word_embeddings=bool(_get(cfg, "weight_tying", default=False)),
+                qkv_bias=bool(_get(cfg, "include_bias", "include_qkv_bias", default=False)),
+            )
+        else:
+            d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+            shape = dict(
+                hidden_size=d, num_layers=cfg["num_hidden_layers"], num_heads=heads,
+                num_kv_heads=_get(cfg, "num_key_value_heads", default=heads),
+                head_dim=_get(cfg, "head_dim", default=d // heads),
+                intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+                rms_eps=_get(cfg, "rms_norm_eps", default=1e-6),
+                max_position_embeddings=_get(cfg, "max_position_embeddings", default=32768),
+                tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)),
+            )
+            rope = _get(cfg, "rope_parameters", "rope_scaling")
+            theta = _get(cfg, "rope_theta", default=None)
+            if isinstance(rope, dict):
+                theta = rope.get("rope_theta", theta)
+                kind = rope.get("rope_type", rope.get("type", "default"))
+                shape["rope_scaling"] = None if kind == "default" else dict(rope)
+            shape["rope_theta"] = float(theta if theta is not None else 10000.0)
+            if "attention_bias" in cfg:
+                shape["qkv_bias"] = bool(cfg["attention_bias"])
+    except KeyError as e:
+        raise ConfigError(f"config.json lacks the field {e.args[0]!r} needed for model_type "
+                          f"{cfg.get('model_type')!r}") from None
+    return shape
+
+
+def _stop_ids_from_config(cfg: dict) -> tuple[int, ...] | None:
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return None
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def resolve_spec(config: dict, overrides: dict | None = None,
+                 vocab: dict[str, int] | None = None) -> ModelSpec:
+    """Build the ModelSpec of a checkpoint from its config.json dict, overrides and tokenizer vocab."""
+    overrides = dict(overrides or {})
+    unknown = set(overrides) - _SPEC_FIELDS
+    if unknown:
+        raise ConfigError(f"unknown override field(s) {sorted(unknown)}; accepted: {sorted(_SPEC_FIELDS)}")
+    model_type = overrides.pop("model_type", None) or config.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"unknown model_type {model_type!r}; supported: {supported_model_types()}")
+    fam = dict(FAMILIES[model_type])
+    mask_token = fam.pop("mask_token", None)
+    layout = overrides.get("weight_layout", fam.get("weight_layout", "hf"))
+    fields: dict[str, Any] = dict(model_type=model_type)
+    fields.update(fam)
+    fields.update(_shape_fields(config, layout))
+    for key in ("qkv_bias", "qk_norm"):  # family layout wins over generic config flags
+        if key in fam:
+            fields[key] = fam[key]
+    if model_type == "qwen2" and "attention_bias" not in config:
+        fields["qkv_bias"] = True
+    # diffusion fields that a checkpoint's config.json may carry (our tiny model does; SDAR has block_size)
+    for key in _DIFFUSION_CONFIG_KEYS:
+        if config.get(key) is not None:
+            fields[key] = tuple(config[key]) if key == "stop_token_ids" else config[key]
+    if config.get("bd_size") is not None:  # Fast-dLLM v2's name for the block size
+        fields["block_size"] = int(config["bd_size"])
+    if "stop_token_ids" not in config and model_type in _PLAIN:
+        ids = _stop_ids_from_config(config)
+        if ids:
+            fields["stop_token_ids"] = ids
+    if config.get("mask_token_id") is not None:
+        fields["mask_token_id"] = int(config["mask_token_id"])
+    fields.update(overrides)
+    if "stop_token_ids" in fields:
+        fields["stop_token_ids"] = tuple(int(t) for t in fields["stop_token_ids"])
+    if fields.get("mask_token_id") is None and mask_token is not None and vocab is not None:
+        fields["mask_token_id"] = vocab.get(mask_token)
+    if fields.get("mask_token_id") is None:
+        raise ConfigError(
+            f"no mask token id for model_type {model_type!r}: set `mask_token_id` in config.json or "
+            f"pass overrides={{'mask_token_id': ID}}"
+            + (f" (the tokenizer has no {mask_token!r} token)" if mask_token else ""))
+    spec = ModelSpec(family=fields.pop("family"), **fields)
+    _validate(spec)
+    return spec
+
+
+def _validate(spec: ModelSpec) -> None:
+    if spec.attention not in ATTENTION_KINDS:
+        raise ConfigError(f"attention={spec.attention!r}; accepted: {ATTENTION_KINDS}")
+    if spec.alignment not in ALIGNMENTS:
+        raise ConfigError(f"alignment={spec.alignment!r}; accepted: {ALIGNMENTS}")
+    if spec.weight_layout not in WEIGHT_LAYOUTS:
+        raise ConfigError(f"weight_layout={spec.weight_layout!r}; accepted: {WEIGHT_LAYOUTS}")
+    if not 0 <= spec.mask_token_id < spec.vocab_size:
+        raise ConfigError(f"mask_token_id={spec.mask_token_id} is outside the vocabulary [0, {spec.vocab_size})")
+    if spec.num_heads % spec.num_kv_heads:
+        raise ConfigError(f"num_heads={spec.num_heads} is not a multiple of num_kv_heads={spec.num_kv_heads}")
+    if spec.block_size <= 0:
+        raise ConfigError(f"block_size must be positive, got {spec.block_size}")

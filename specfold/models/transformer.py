@@ -1,0 +1,171 @@
+"""The native decoder-only transformer behind every family (no `trust_remote_code`).
+
+RMSNorm, RoPE with absolute positions, GQA, optional q/k/v bias, optional per-head q/k norm, SwiGLU,
+tied or untied head. One entry point, `forward`, runs B branches of one window of T positions
+against one shared prefix KV cache:
+
+    tokens [B, T]  positions [T]  mask [T, T] (window query x window key, True = may attend)
+    every query also sees the whole cached prefix [0, P) through zero-copy views.
+
+Invariants:
+- the prefix cache is read through views and never copied per branch;
+- `write_cache=True` (B == 1) appends the window's K/V after the forward: prefill and commit;
+- `logits_at` selects window positions before the head (the head is the largest matmul of a small
+  model's forward: compute it only where a rule reads);
+- norms and softmax run in float32 for 16-bit dtypes and in the input dtype otherwise, so float64
+  runs are float64 end to end.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfold.models.cache import PrefixCache
+from specfold.models.rope import Rope, apply_rope
+from specfold.models.spec import ModelSpec
+
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        xf = x.float() if dt in _LOW else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(dt)
+
+
+class Layer(nn.Module):
+    def __init__(self, s: ModelSpec):
+        super().__init__()
+        d, hd = s.hidden_size, s.head_dim
+        self.input_norm = RMSNorm(d, s.rms_eps)
+        self.q_proj = nn.Linear(d, s.num_heads * hd, bias=s.qkv_bias)
+        self.k_proj = nn.Linear(d, s.num_kv_heads * hd, bias=s.qkv_bias)
+        self.v_proj = nn.Linear(d, s.num_kv_heads * hd, bias=s.qkv_bias)
+        self.q_norm = RMSNorm(hd, s.rms_eps) if s.qk_norm else None
+        self.k_norm = RMSNorm(hd, s.rms_eps) if s.qk_norm else None
+        self.o_proj = nn.Linear(s.num_heads * hd, d, bias=False)
+        self.post_norm = RMSNorm(d, s.rms_eps)
+        self.gate_proj = nn.Linear(d, s.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(d, s.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(s.intermediate_size, d, bias=False)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.post_norm(x)
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: torch.Tensor | None,
+              pv: torch.Tensor | None, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """q [B,H,T,D]; k, v [B,Hkv,T,D]; pk, pv [Hkv,P,D] shared prefix (or None); mask [T,T].
+
+    Returns [B, T, H*D]. Prefix scores come from one matmul over all branches at once, so the prefix
+    K/V are read, never broadcast-copied."""
+    B, H, T, D = q.shape
+    hkv = k.shape[1]
+    g = H // hkv
+    qg = q.reshape(B, hkv, g, T, D)
+    s_win = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [B,Hkv,g,T,T]
+    if mask is not None:
+        s_win = s_win.masked_fill(~mask, float("-inf"))
+    sm_dtype = torch.float32 if q.dtype in _LOW else q.dtype
+    P = 0 if pk is None else pk.shape[1]
+    if P == 0:
+        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(q.dtype)
+        out = torch.matmul(p, v.unsqueeze(2))  # [B,Hkv,g,T,D]
+    else:
+        qp = qg.permute(1, 0, 2, 3, 4).reshape(hkv, B * g * T, D)
+        s_pre = torch.matmul(qp, pk.transpose(-1, -2)) * scale  # [Hkv, B*g*T, P]
+        s_pre = s_pre.view(hkv, B, g, T, P).permute(1, 0, 2, 3, 4)
+        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(q.dtype)
+        p_pre = p[..., :P].permute(1, 0, 2, 3, 4).reshape(hkv, B * g * T, P)
+        out = torch.matmul(p_pre, pv).view(hkv, B, g, T, D).permute(1, 0, 2, 3, 4)
+        out = out + torch.matmul(p[..., P:], v.unsqueeze(2))
+    return out.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+
+
+class Transformer(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.ar_head: nn.Linear | None = None  # Nemotron-Labs-Diffusion's causal head, when shipped
+        if spec.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings)
+        self.attn_scale = spec.head_dim ** -0.5
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def new_cache(self, capacity: int = 256) -> PrefixCache:
+        s = self.spec
+        return PrefixCache(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.device, capacity)
+
+    def qkv(self, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            qscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B,T,d] (pre-norm hidden) -> q [B,H,T,D], k, v [B,Hkv,T,D] with RoPE applied."""
+        B, T, _ = x.shape
+        s = self.spec
+        h = layer.input_norm(x)
+        q = layer.q_proj(h).view(B, T, s.num_heads, s.head_dim)
+        k = layer.k_proj(h).view(B, T, s.num_kv_heads, s.head_dim)
+        v = layer.v_proj(h).view(B, T, s.num_kv_heads, s.head_dim)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        if qscale is not None:
+            q = q * qscale[:, None]
+        return q, k, v.transpose(1, 2)
+
+    def head(self, x: torch.Tensor, which: str = "lm") -> torch.Tensor:
+        h = self.ar_head if (which == "ar" and self.ar_head is not None) else self.lm_head
+        return h(self.norm(x))
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: PrefixCache | None = None,
+                mask: torch.Tensor | None = None, write_cache: bool = False,
+                logits_at: torch.Tensor | None = None, return_hidden: bool = False,
+                head: str = "lm"):
+        """Returns logits [B, T or len(logits_at), V] (and the per-layer inputs, a list of [B,T,d],
+        plus the final pre-norm hidden, when `return_hidden`)."""
+        B, T = tokens.shape
+        if write_cache and (cache is None or B != 1):
+            raise ValueError("write_cache needs a cache and exactly one branch")
+        x = self.embed(tokens)
+        cos, sin = self.rope.cos_sin(positions, x.dtype)
+        qscale = self.rope.query_scale(positions, x.dtype)
+        hidden = []
+        for li, layer in enumerate(self.layers):
+            if return_hidden:
+                hidden.append(x)
+            q, k, v = self.qkv(layer, x, cos, sin, qscale)
+            pk, pv = cache.view(li) if cache is not None else (None, None)
+            o = attention(q, k, v, pk, pv, mask, self.attn_scale)
+            if write_cache:
+                cache.write(li, k[0], v[0])
+            x = x + layer.o_proj(o)
+            x = x + layer.mlp(x)
+        if write_cache:
+            cache.commit_write()
+        if return_hidden:
+            hidden.append(x)
+        if logits_at is not None:
+            x = x[:, logits_at]
+        logits = self.head(x, head)
+        return (logits, hidden) if return_hidden else logits
