@@ -1,0 +1,33 @@
+"""Shared fixtures: small random checkpoints written through `save_pretrained` (the real loading path)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(int(os.environ.get("SPECFOLD_TEST_THREADS", "1")))
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """`checkpoint(kind="qwen2", peaked=0.0, **diffusion_config) -> folder`; cached per argument set.
+
+    `peaked` > 0 scales the head so confidences are high (drafts and thresholds then actually fire)."""
+    from tests.hf_reference import make_hf_model, save_hf
+
+    made: dict = {}
+
+    def make(kind: str = "qwen2", peaked: float = 0.0, seed: int = 0, **diffusion):
+        key = (kind, peaked, seed, tuple(sorted((k, str(v)) for k, v in diffusion.items())))
+        if key not in made:
+            hf = make_hf_model(kind, seed=seed)
+            if peaked:
+                with torch.no_grad():
+                    hf.lm_head.weight.mul_(peaked)
+            cfg = {"mask_token_id": 95, "block_size": 4, "stop_token_ids": [94]}
+            cfg.update(diffusion)
+            made[key] = save_hf(hf, tmp_path_factory.mktemp(kind), cfg)
+        return made[key]
+
+    return make

@@ -1,0 +1,73 @@
+"""MATH answers: boxed extraction and minerva-style equivalence."""
+from __future__ import annotations
+
+import pytest
+
+from specfold.eval.math_equiv import is_equiv, last_boxed, normalize
+from specfold.eval.tasks import get_task
+from specfold.eval.tasks.base import Sample
+
+
+def test_last_boxed_nested_and_last():
+    text = r"first \boxed{1} then \boxed{\frac{1}{\sqrt{2}}} end"
+    assert last_boxed(text) == r"\frac{1}{\sqrt{2}}"
+    assert last_boxed(r"\fbox{x^{2}}") == "x^{2}"
+    assert last_boxed(r"so \boxed 5$.") == "5"
+    assert last_boxed("no box") is None
+    assert last_boxed(r"\boxed{unbalanced") is None
+
+
+@pytest.mark.parametrize("pred,ref", [
+    (r"\frac{1}{2}", "0.5"),
+    (r"\dfrac{1}{2}", r"\frac12"),
+    (r"\tfrac{3}{4}", "3/4"),
+    (r"5\text{ cm}", "5"),
+    (r"6 \text{ inches}^2", "6"),
+    (r"10 \text{ square units}", "10"),
+    ("10.0", "10"),
+    ("18.00", "18"),
+    (r"90^\circ", "90"),
+    (r"90^{\circ}", "90"),
+    (r"\$5", "5"),
+    (r"10\%", "10"),
+    ("1,000", "1000"),
+    ("x = 5", "5"),
+    (r"\frac{\sqrt2}{2}", r"\sqrt{2}/2"),
+    (r"2\sqrt{3}", r"\sqrt{12}"),
+    ("(x+1)^2", "x^2+2x+1"),
+    (r"\left( 3, \frac{\pi}{2} \right)", r"(3,\frac{\pi}{2})"),
+    (r"\text{Evelyn}", "Evelyn"),
+    ("2^{10}", "1024"),
+])
+def test_equivalent(pred, ref):
+    assert is_equiv(pred, ref)
+
+
+@pytest.mark.parametrize("pred,ref", [
+    (r"\frac{1}{3}", "0.5"),
+    ("(1,2)", "(2,1)"),
+    ("[1,2)", "(1,2)"),
+    (r"\pi", "3.14"),
+    ("3", "4"),
+    ("10.5", "10"),
+    ("x^2", "x^3"),
+    ("", "0"),
+    (None, "0"),
+])
+def test_not_equivalent(pred, ref):
+    assert not is_equiv(pred, ref)
+
+
+def test_normalize_is_idempotent_on_examples():
+    for s in [r"\dfrac{1}{2}", r"5\text{ cm}", "10.0", r"\$5", r"90^\circ"]:
+        assert normalize(normalize(s)) == normalize(s)
+
+
+def test_score_and_reference_solutions(data_dir):
+    task = get_task("math500")
+    samples = task.load(str(data_dir))
+    assert all(task.score(s, f"so \\boxed{{{s.reference['answer']}}}")["correct"] for s in samples[:100])
+    s = Sample("m", "p", {"answer": r"\frac{3}{4}"})
+    assert task.score(s, r"... the answer is $\boxed{0.75}$.")["correct"]
+    assert not task.score(s, r"... the answer is $\boxed{0.7}$.")["correct"]
+    assert not task.score(s, "0.75 without a box")["correct"]

@@ -1,0 +1,59 @@
+"""A cache-free reference decoder for block-causal models (SPEC §3): every step recomputes the whole
+sequence [0, block end) under the block-causal mask; no prefix cache, no stored logits. It shares only
+the unmask rules with the engine (tested on their own in test_rules.py)."""
+from __future__ import annotations
+
+import torch
+
+from specfold.decoding.layout import block_causal
+from specfold.decoding.rules import make_rule, score
+
+
+def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
+    p = p.resolve(spec)
+    N, L, M = p.block_size, len(prompt), spec.mask_token_id
+    limit = L + p.max_new_tokens
+    stop = set(spec.stop_token_ids)
+    shift = 1 if spec.logits_shift else 0
+    rule = make_rule(p)
+    seq = list(prompt)
+    start = (L // N) * N
+
+    def full_logits(tokens: list[int]) -> torch.Tensor:
+        t = torch.tensor(tokens)[None]
+        pos = torch.arange(len(tokens))
+        return model(t, pos, mask=block_causal(pos, N))[0]
+
+    with torch.inference_mode():
+        while True:
+            block = seq[start:] + [M] * (start + N - len(seq))
+            if spec.seed_token and start >= L:
+                lg = full_logits(seq[:start])[-1].clone()
+                lg[M] = float("-inf")
+                block[0] = int(lg.argmax())
+            allowed = torch.tensor([start + i >= L and start + i < limit for i in range(N)])
+            state = torch.tensor(block)
+            step, n0 = 0, int(((state == M) & allowed).sum())
+            while True:
+                masked = (state == M) & allowed
+                if not masked.any():
+                    break
+                gen = [(i, t) for i, t in enumerate(state.tolist()) if allowed[i] or (start + i >= L and t != M)]
+                first_stop = next((i for i, t in gen if t in stop), None)
+                if p.early_stop and first_stop is not None and not any(
+                        state[j] == M for j, _ in gen if j < first_stop):
+                    break
+                region = rule.region(masked, 0)
+                pos = region.nonzero()[:, 0]
+                logits = full_logits(seq[:start] + state.tolist())[start + pos - shift]
+                s = score(logits, pos, M, p.confidence, p.temperature, None)
+                state = rule.apply(state, s, step, n0)
+                step += 1
+            seq = seq[:start] + state.tolist()
+            out = [t for t in seq[L:limit]]
+            cut = next((i for i, t in enumerate(out) if t in stop), None)
+            if cut is not None:
+                return out[:cut]
+            if start + N >= limit:
+                return out
+            start += N
