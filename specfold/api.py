@@ -111,7 +111,11 @@ class LLM:
             it = tqdm(encoded, desc=f"generate[{params.method}]", unit="prompt")
         outs = []
         for prompt, ids in zip(prompts, it):
+            for part in (dec.policy, dec.verifier):  # per-request counters of drafts and verifiers
+                getattr(part, "reset", lambda: None)()
             gen, finish, stats = dec.run(ids)
+            for part in (dec.policy, dec.verifier):
+                stats.extra.update(getattr(part, "report", dict)())
             text = self.tokenizer.decode(gen) if self.tokenizer is not None else ""
             outs.append(RequestOutput(prompt=prompt if isinstance(prompt, str) else None,
                                       prompt_token_ids=ids, token_ids=gen, text=text,
