@@ -8,6 +8,10 @@ import pytest
 from specfold.eval.tasks import get_task
 
 FULL = os.environ.get("SPECFOLD_EVAL_FULL") == "1"
+# Reference solutions that need several seconds of CPU (mbpp/123 sums amicable numbers below
+# 9999, ~5 s unloaded): they can exceed the 10 s limit on a loaded CI runner, so the sampled
+# test leaves them out; SPECFOLD_EVAL_FULL=1 runs everything.
+SLOW = {"mbpp/123"}
 
 
 def every(items, k):
@@ -57,8 +61,8 @@ def test_looping_completion_times_out(humaneval):
 def test_mbpp_reference_solutions_pass(data_dir, name, step):
     task = get_task(name)
     samples = task.load(str(data_dir))
-    failed = [s.id for s in every(samples, step)
-              if not task.score(s, f"```python\n{s.reference['code']}\n```")["correct"]]
+    failed = [s.id for s in every(samples, step) if (FULL or s.id not in SLOW)
+              and not task.score(s, f"```python\n{s.reference['code']}\n```")["correct"]]
     assert failed == []
 
 

@@ -1,0 +1,239 @@
+"""MATH answer checking: the last `\\boxed{}` of a completion, normalised, compared symbolically.
+
+In the manner of lm-eval's minerva-math (own code): strip units, `\\text{}`, `$`, degrees,
+spacing commands and thousands separators, canonicalise `\\dfrac`/`\\tfrac`/`\\frac12`/`\\sqrt2`
+and trailing `.0`, then call two answers equal when the normalised strings match or when both
+translate to sympy expressions whose difference simplifies to 0 (tuples and intervals are compared
+element by element, with the same brackets).
+
+Invariants: never raises on any input string; sympy work is bounded by an input-size cap and,
+in the main thread, a wall-clock alarm.
+"""
+from __future__ import annotations
+
+import re
+import signal
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import sympy
+from sympy.parsing.sympy_parser import (
+    convert_xor,
+    implicit_multiplication_application,
+    parse_expr,
+    standard_transformations,
+)
+
+MAX_LEN = 200  # longer normalised answers are only compared as strings
+SYMPY_SECONDS = 3
+
+_UNITS = (
+    "degrees", "degree", "units", "unit", "sq", "square", "inches", "inch", "feet", "foot", "ft",
+    "meters", "meter", "cm", "mm", "km", "m", "miles", "mile", "mph", "hours", "hour", "minutes",
+    "minute", "seconds", "second", "days", "day", "dollars", "dollar", "cents", "cent", "pounds",
+    "grams", "gm", "kg", "ways", "points", "students", "people", "integers", "digits", "edges",
+    "meals", "coins", "years", "year", "times", "percent", "th", "nd", "rd", "st",
+)
+_UNIT_RE = re.compile(r"(?<=[\d}\s)])\s*(?:" + "|".join(_UNITS) + r")(?:\^?\{?[23]\}?)?\s*$")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` (nested braces), or `\\boxed 5`."""
+    idx = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if idx < 0:
+        return None
+    i = idx + (6 if text.startswith("\\boxed", idx) else 5)
+    while i < len(text) and text[i] == " " and (i + 1 < len(text) and text[i + 1] == "{"):
+        i += 1
+    if i < len(text) and text[i] == "{":
+        depth = 0
+        for j in range(i, len(text)):
+            if text[j] == "{":
+                depth += 1
+            elif text[j] == "}":
+                depth -= 1
+                if depth == 0:
+                    return text[i + 1 : j]
+        return None  # unbalanced
+    m = re.match(r"\s+([^\s$]+)", text[i:])
+    return m.group(1) if m else None
+
+
+def _braced(s: str, i: int) -> tuple[str, int] | None:
+    """The `{...}` group starting at s[i] and the index after it (None if s[i] is not '{')."""
+    if i >= len(s) or s[i] != "{":
+        return None
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {"{": 1, "}": -1}.get(s[j], 0)
+        if depth == 0:
+            return s[i + 1 : j], j + 1
+    return None
+
+
+def _unwrap(s: str, command: str) -> str:
+    """Replace `\\command{X}` by X (nested braces respected)."""
+    out, i, key = [], 0, "\\" + command + "{"
+    while True:
+        k = s.find(key, i)
+        if k < 0:
+            return "".join(out) + s[i:]
+        g = _braced(s, k + len(key) - 1)
+        if g is None:
+            return "".join(out) + s[i:]
+        out.append(s[i:k] + g[0])
+        i = g[1]
+
+
+def normalize(ans: str) -> str:
+    """Canonical string form of a final answer (see module docstring)."""
+    s = ans.strip()
+    s = s.split("=")[-1] if "=" in s and "\\ne" not in s and "<" not in s and ">" not in s else s
+    for cmd in ("text", "textbf", "mathrm", "mbox", "mathbf", "boxed", "textnormal", "operatorname"):
+        s = _unwrap(s, cmd)
+    for a, b in (("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\left", ""), ("\\right", ""),
+                 ("\\!", ""), ("\\,", ""), ("\\;", ""), ("\\:", ""), ("\\ ", ""), ("~", ""),
+                 ("\\$", ""), ("$", ""), ("\\%", ""), ("%", ""), ("^{\\circ}", ""), ("^\\circ", ""),
+                 ("\\circ", ""), ("{,}", ""), ("\\cdot", "*"), ("\\times", "*"), ("\\displaystyle", ""),
+                 ("\\le ", "\\le"), ("\\ldots", ""), ("\\dots", "")):
+        s = s.replace(a, b)
+    s = s.strip()
+    for _ in range(2):  # "5 cm^2", "10 square units"
+        s = _UNIT_RE.sub("", s).strip()
+    s = s.replace(" ", "").rstrip(".")
+    s = re.sub(r"\\frac(\d)(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\{([^{}]*)\}(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac(\d)\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\sqrt(\w)", r"\\sqrt{\1}", s)
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    s = re.sub(r"(?<![\d.])(\d+)\.0+(?!\d)", r"\1", s)  # 5.0 -> 5
+    if re.fullmatch(r"-?\.\d+", s):
+        s = s.replace(".", "0.", 1)
+    return s
+
+
+_FUNCS = {"\\sin": "sin", "\\cos": "cos", "\\tan": "tan", "\\ln": "log", "\\log": "log",
+          "\\exp": "exp", "\\pi": "pi", "\\infty": "oo", "\\sec": "sec", "\\csc": "csc",
+          "\\cot": "cot", "\\arcsin": "asin", "\\arccos": "acos", "\\arctan": "atan"}
+
+
+def _latex_to_py(s: str) -> str | None:
+    """Translate a normalised LaTeX answer to a sympy-parsable string (None if unsupported)."""
+    s = s.replace("\\frac", "\\FRAC")
+    for _ in range(20):  # innermost-first rewriting of \frac{a}{b} and \sqrt[n]{a}
+        m = re.search(r"\\FRAC\{([^{}]*)\}\{([^{}]*)\}", s)
+        if m:
+            s = s[: m.start()] + f"(({m.group(1)})/({m.group(2)}))" + s[m.end():]
+            continue
+        m = re.search(r"\\sqrt\[([^\[\]{}]*)\]\{([^{}]*)\}", s)
+        if m:
+            s = s[: m.start()] + f"(({m.group(2)})**(1/({m.group(1)})))" + s[m.end():]
+            continue
+        m = re.search(r"\\sqrt\{([^{}]*)\}", s)
+        if m:
+            s = s[: m.start()] + f"sqrt({m.group(1)})" + s[m.end():]
+            continue
+        break
+    for k, v in sorted(_FUNCS.items(), key=lambda kv: -len(kv[0])):
+        s = s.replace(k, f" {v} ")
+    s = s.replace("\\div", "/").replace("{", "(").replace("}", ")").replace("^", "**")
+    if "\\" in s or "__" in s or not re.fullmatch(r"[\w\s+\-*/().]*", s):
+        return None
+    return s
+
+
+@contextmanager
+def _time_limit(seconds: int) -> Iterator[None]:
+    """SIGALRM-based limit in the main thread (no limit elsewhere; inputs are size-capped)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def _raise(signum, frame):  # noqa: ANN001
+        raise TimeoutError
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+_TRANSFORMS = standard_transformations + (implicit_multiplication_application, convert_xor)
+
+
+def to_sympy(s: str) -> sympy.Expr | None:
+    """sympy expression for a normalised answer, or None when it cannot be parsed safely."""
+    if len(s) > MAX_LEN:
+        return None
+    py = _latex_to_py(s)
+    if py is None or not py.strip():
+        return None
+    names = {n: sympy.Symbol(n) for n in set(re.findall(r"[A-Za-z_]\w*", py))
+             if n not in ("sqrt", "pi", "oo", "sin", "cos", "tan", "log", "exp", "sec", "csc",
+                          "cot", "asin", "acos", "atan")}
+    names.update({"E": sympy.E} if "E" not in names else {})
+    try:
+        with _time_limit(SYMPY_SECONDS):
+            return parse_expr(py, local_dict=names, transformations=_TRANSFORMS, evaluate=True)
+    except BaseException:  # noqa: BLE001 - sympy raises all sorts (incl. TimeoutError)
+        return None
+
+
+def _sympy_equal(a: str, b: str) -> bool:
+    x, y = to_sympy(a), to_sympy(b)
+    if x is None or y is None:
+        return False
+    try:
+        with _time_limit(SYMPY_SECONDS):
+            if sympy.simplify(x - y) == 0:
+                return True
+            if x.is_number and y.is_number:
+                return abs(complex(sympy.N(x)) - complex(sympy.N(y))) <= 1e-6 * max(1.0, abs(complex(sympy.N(y))))
+    except BaseException:  # noqa: BLE001
+        return False
+    return False
+
+
+def _split_top(s: str) -> list[str]:
+    """Split on commas at bracket depth 0."""
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
+def _strip_brackets(s: str) -> tuple[str, str, str]:
+    if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _braced("{" + s[1:-1] + "}", 0):
+        return s[0], s[1:-1], s[-1]
+    return "", s, ""
+
+
+def is_equiv(pred: str | None, ref: str) -> bool:
+    """Whether a predicted final answer equals the reference (see module docstring)."""
+    if pred is None:
+        return False
+    a, b = normalize(pred), normalize(ref)
+    if a == b:
+        return True
+    if not a or not b:
+        return False
+    (la, ia, ra), (lb, ib, rb) = _strip_brackets(a), _strip_brackets(b)
+    pa, pb = _split_top(ia), _split_top(ib)
+    if len(pa) > 1 or len(pb) > 1:
+        if (la, ra) != (lb, rb) or len(pa) != len(pb):
+            return False
+        return all(x == y or _sympy_equal(x, y) for x, y in zip(pa, pb))
+    return _sympy_equal(a, b)

@@ -1,0 +1,134 @@
+"""Task interface shared by every benchmark, and the data-location helpers.
+
+A task turns a benchmark file into `Sample`s (one user message each, zero-shot, to be wrapped by
+the model's chat template) and scores one completion at a time.
+
+Invariants:
+- `load(data, limit)` is deterministic: same file, same order (the file's order), same ids; `limit`
+  keeps the first `limit` samples.
+- `score(sample, completion)` returns a JSON-serialisable dict with at least `{"correct": bool}`;
+  it never raises on a malformed completion (a malformed completion is simply wrong).
+- `aggregate(scores)` turns a list of score dicts into the task's headline metrics (floats in [0, 1]).
+- `data` is a local file or folder. With `data=None` a task may use a packaged copy (HumanEval,
+  the tiny task) or the HF `datasets` package when installed; otherwise it raises `DataError`
+  telling the user to pass --data.
+"""
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+
+class DataError(ValueError):
+    """Benchmark data could not be found or read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One benchmark item.
+
+    id: stable identifier (unique within a task), used to resume runs and join methods.
+    prompt: the user message (plain text; the engine applies the chat template).
+    reference: whatever the scorer needs (final answer, tests, instruction kwargs ...).
+    """
+
+    id: str
+    prompt: str
+    reference: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A benchmark: loads samples and scores completions."""
+
+    name: str = ""
+
+    @abstractmethod
+    def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
+        """Read the benchmark into samples (see module docstring)."""
+
+    @abstractmethod
+    def score(self, sample: Sample, completion: str) -> dict[str, Any]:
+        """Score one completion; at least {"correct": bool}."""
+
+    def aggregate(self, scores: list[dict[str, Any]]) -> dict[str, float]:
+        """Headline metrics over many score dicts (default: accuracy = mean of `correct`)."""
+        n = len(scores)
+        return {"accuracy": sum(bool(s["correct"]) for s in scores) / n if n else 0.0}
+
+
+def take(items: Iterable[Sample], limit: int | None) -> list[Sample]:
+    """The first `limit` samples (all of them when limit is None)."""
+    out = list(items)
+    if limit is not None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        out = out[:limit]
+    return out
+
+
+def find_file(task: str, data: str | None, candidates: list[str]) -> Path | None:
+    """Resolve `data` to a file: the path itself, or the first of `candidates` inside a folder.
+
+    Returns None when `data` is None (the caller may then try another source).
+    """
+    if data is None:
+        return None
+    p = Path(data).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        for c in candidates:
+            if (p / c).is_file():
+                return p / c
+        raise DataError(f"{task}: none of {candidates} found under folder {p}")
+    raise DataError(f"{task}: data path {p} does not exist")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON Lines file (blank lines skipped); a bad line is reported by number."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}:{i}: not valid JSON ({e})") from e
+    return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A .json array file or a .jsonl file (gzip-compressed .gz also accepted)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [json.loads(l) for l in f if l.strip()]
+    if path.suffix == ".json":
+        with open(path, encoding="utf-8") as f:
+            recs = json.load(f)
+        if not isinstance(recs, list):
+            raise DataError(f"{path}: expected a JSON array of records")
+        return recs
+    return read_jsonl(path)
+
+
+def from_hf(task: str, loader: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Records from the HF `datasets` package when installed, else a DataError asking for --data.
+
+    `loader` receives the `datasets.load_dataset` function and returns plain dict records.
+    """
+    try:
+        from datasets import load_dataset  # type: ignore[import-not-found]
+    except ImportError:
+        raise DataError(
+            f"{task}: no data given. Pass --data PATH (a file or a folder such as shared/data), "
+            "or install the HF `datasets` package to download it."
+        ) from None
+    try:
+        return loader(load_dataset)
+    except Exception as e:  # network errors, missing configs ...
+        raise DataError(f"{task}: loading from HF datasets failed ({e}); pass --data PATH") from e

