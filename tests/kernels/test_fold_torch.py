@@ -114,7 +114,7 @@ def _random_state(seed: int, par: list[int], N: int, Hq: int, Hkv: int, D: int, 
     return rec, rows, folded, src, kv_row, q, k, v, pk, pv, M
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 @pytest.mark.parametrize("N", [5, 13])
 @pytest.mark.parametrize("how", ["mixed", "all_folded", "none_folded"])
 @pytest.mark.parametrize("mask_kind", ["full", "block", "random"])
@@ -122,7 +122,7 @@ def _random_state(seed: int, par: list[int], N: int, Hq: int, Hkv: int, D: int, 
 @pytest.mark.parametrize("heads", [(4, 2, 8), (3, 3, 6), (6, 1, 5)])  # (Hq, Hkv, D): GQA, MHA, MQA
 def test_corrected_attention_equals_branch_attention(seed, N, how, mask_kind, par, heads) -> None:
     Hq, Hkv, D = heads
-    P = 3 + seed * 4  # 3, 7, 11
+    P = 3 + seed * 8  # 3, 11
     rec, rows, folded, src, kv_row, q, k, v, pk, pv, M = _random_state(seed, par, N, Hq, Hkv, D, P, how, mask_kind)
     scale = 1 / math.sqrt(D)
     O, m, Z = ft.streaming_attention(q, k, v, rows, kv_row, pk, pv, M, scale)
@@ -301,3 +301,24 @@ def test_layer_weights_validation_and_from_layer() -> None:
     assert w.bq is not None and w.k_norm_w is None
     with pytest.raises(ValueError):
         LayerWeights.from_layer(Layer(), head_dim=3)
+
+
+def test_triton_backend_importable_without_triton() -> None:
+    """fold_triton imports with triton unavailable and fails with a clear error when called."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['triton'] = None; sys.modules['triton.language'] = None\n"
+        "import torch\n"
+        "from specfold.kernels import get_backend\n"
+        "fx = get_backend('triton')\n"
+        "assert not fx.HAS_TRITON\n"
+        "try:\n"
+        "    fx.compact_rows(torch.ones(2, 3, dtype=torch.bool))\n"
+        "except RuntimeError as e:\n"
+        "    assert 'triton' in str(e); print('ok')\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip() == "ok", out.stderr

@@ -1,0 +1,132 @@
+"""Folded layer vs dense layer, one decoder layer, PyTorch twin on the CPU (SPEC.md §6, issue 5).
+
+Random weights at Qwen2.5-0.5B widths (d=896, H=14, Hkv=2, D=64, ffn 4864) and 7B-like widths
+(d=3584, H=28, Hkv=4, D=128, ffn 18944); B=7 drafts over a tree with chains of depth >= 3, window
+N=32 (bidirectional), prefix P=256, float32. For each target fold ratio f the draft hidden states
+are built so that exactly round(f * B * N) draft positions pass the gate (relative residual 0.01
+against the parent, delta = 0.1) and the rest fail it (relative residual 0.5). Times are medians of
+interleaved dense/fold calls. `ffn_fold` is the fraction of draft positions that also inherited the
+FFN output (second gate on the post-attention residual, see fold_torch.fold_layer).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from specfold.kernels.fold_torch import LayerWeights, dense_layer, fold_layer  # noqa: E402
+
+WIDTHS = {
+    "0.5b": dict(d=896, Hq=14, Hkv=2, D=64, F=4864),
+    "7b": dict(d=3584, Hq=28, Hkv=4, D=128, F=18944),
+}
+PAR = [-1, 0, 1, 2, 3, 0, 5, 1]   # B = 7: chain 0-1-2-3-4, chain 0-5-6, side branch 1-7
+
+
+def make_weights(g: torch.Generator, d: int, Hq: int, Hkv: int, D: int, F: int) -> LayerWeights:
+    def r(*shape: int, s: float) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * s
+
+    return LayerWeights(
+        input_norm_w=torch.ones(d), eps=1e-6,
+        wq=r(Hq * D, d, s=d ** -0.5), bq=r(Hq * D, s=0.02), wk=r(Hkv * D, d, s=d ** -0.5), bk=r(Hkv * D, s=0.02),
+        wv=r(Hkv * D, d, s=d ** -0.5), bv=r(Hkv * D, s=0.02), q_norm_w=None, k_norm_w=None,
+        wo=r(d, Hq * D, s=(Hq * D) ** -0.5), post_norm_w=torch.ones(d),
+        w_gate=r(F, d, s=d ** -0.5), w_up=r(F, d, s=d ** -0.5), w_down=r(d, F, s=F ** -0.5), head_dim=D,
+    )
+
+
+def make_hidden(g: torch.Generator, N: int, d: int, ratio: float) -> torch.Tensor:
+    """H [B1, N, d] with exactly round(ratio * B * N) draft rows within rho = 0.01 of their parent."""
+    B1 = len(PAR)
+    B = B1 - 1
+    n_fold = round(ratio * B * N)
+    fold = torch.zeros(B * N, dtype=torch.bool)
+    fold[torch.randperm(B * N, generator=g)[:n_fold]] = True
+    fold = fold.view(B, N)
+    H = torch.empty(B1, N, d)
+    H[0] = torch.randn(N, d, generator=g)
+    for i in range(1, B1):
+        parent = H[PAR[i]]
+        noise = torch.randn(N, d, generator=g)
+        noise = noise / noise.norm(dim=-1, keepdim=True) * parent.norm(dim=-1, keepdim=True)
+        rel = torch.where(fold[i - 1], 0.01, 0.5)[:, None]
+        H[i] = parent + rel * noise
+    return H
+
+
+def timed_pair(f_a, f_b, reps: int, sync=lambda: None) -> tuple[float, float]:
+    """Median seconds of f_a and f_b, calls interleaved (the CPU is shared: drift hits both alike)."""
+    f_a(), f_b()  # warm-up (and Triton compilation)
+    ta, tb = [], []
+    for _ in range(reps):
+        for fn, ts in ((f_a, ta), (f_b, tb)):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--widths", default="0.5b,7b")
+    ap.add_argument("--ratios", default="0,0.3,0.6,0.9")
+    ap.add_argument("--N", type=int, default=32)
+    ap.add_argument("--prefix", type=int, default=256)
+    ap.add_argument("--delta", type=float, default=0.1)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda")
+    ap.add_argument("--backend", default="torch", help="fold backend: torch | triton (triton needs cuda)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    print(f"torch {torch.__version__}, device {args.device}, backend {args.backend}, "
+          f"threads {torch.get_num_threads()}, float32, B={len(PAR) - 1}, "
+          f"N={args.N}, P={args.prefix}, delta={args.delta}, reps={args.reps} (median, interleaved)")
+    print(f"{'width':>5} {'target':>6} {'fold':>5} {'ffn_fold':>8} {'dense_ms':>9} {'fold_ms':>8} "
+          f"{'speedup':>7} {'max|fold-dense|':>15}")
+    for name in args.widths.split(","):
+        c = WIDTHS[name]
+        g = torch.Generator().manual_seed(0)
+        w = make_weights(g, **c)
+        for f in w.__slots__:
+            if isinstance(getattr(w, f), torch.Tensor):
+                setattr(w, f, getattr(w, f).to(dev))
+        D, Hkv, N, P = c["D"], c["Hkv"], args.N, args.prefix
+        inv = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+        ang = torch.arange(P, P + N).float()[:, None] * inv[None, :]
+        cos, sin = torch.cat((ang, ang), -1).cos(), torch.cat((ang, ang), -1).sin()
+        pk, pv = torch.randn(Hkv, P, D, generator=g), torch.randn(Hkv, P, D, generator=g)
+        cos, sin, pk, pv = cos.to(dev), sin.to(dev), pk.to(dev), pv.to(dev)
+        mask = torch.ones(N, N, dtype=torch.bool, device=dev)
+        par = torch.tensor(PAR, device=dev)
+        fold = lambda H: fold_layer(H, par, w, cos, sin, pk, pv, mask, args.delta, scale, backend=args.backend)  # noqa: E731
+        scale = 1 / math.sqrt(D)
+        for ratio in (float(x) for x in args.ratios.split(",")):
+            H = make_hidden(g, N, c["d"], ratio).to(dev)
+            with torch.inference_mode():
+                dense_out = dense_layer(H, w, cos, sin, pk, pv, mask, scale)
+                fold_out, st = fold(H)
+                t_dense, t_fold = timed_pair(
+                    lambda: dense_layer(H, w, cos, sin, pk, pv, mask, scale), lambda: fold(H), args.reps, sync)
+            err = (fold_out - dense_out).abs().max().item()
+            print(f"{name:>5} {ratio:>6.1f} {st.fold_ratio:>5.2f} {st.ffn_fold_ratio:>8.2f} {t_dense * 1e3:>9.1f} "
+                  f"{t_fold * 1e3:>8.1f} {t_dense / t_fold:>6.2f}x {err:>15.2e}", flush=True)
+        del w
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Folded-verification compute kernels (SPEC.md §6).
+
+Two backends with the same function signatures: ``"torch"`` (``fold_torch``: the CPU path and the
+reference) and ``"triton"`` (``fold_triton``: the GPU path; importable without triton, raising a
+clear error when a kernel is called). ``get_backend(name)`` returns the backend module, which
+provides gate_compact, compact_rows, resolve_sources, packed_norm_qkv_rope, streaming_attention,
+folded_correction and packed_ffn. ``fold_layer`` / ``dense_layer`` compose them.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from specfold.kernels.fold_torch import LayerFoldStats, LayerWeights, dense_layer, fold_layer
+
+BACKENDS = ("torch", "triton")
+
+__all__ = ["BACKENDS", "LayerFoldStats", "LayerWeights", "dense_layer", "fold_layer", "get_backend"]
+
+
+def get_backend(name: str) -> ModuleType:
+    """Module implementing the fold pieces for backend ``name`` ("torch" or "triton")."""
+    if name == "torch":
+        from specfold.kernels import fold_torch
+        return fold_torch
+    if name == "triton":
+        from specfold.kernels import fold_triton
+        return fold_triton
+    raise ValueError(f"unknown fold backend {name!r}; supported: {', '.join(BACKENDS)}")

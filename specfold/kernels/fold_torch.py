@@ -1,0 +1,427 @@
+"""Folded multi-branch verification (SpecFold, SPEC.md §6): PyTorch twins and layer composition.
+
+Setting. Verification forwards ``B1 = B + 1`` branches (branch 0 = root/main, 1..B = drafts) of one
+window of ``N`` positions against one shared prefix KV cache (``K_p, V_p: [Hkv, P, D]``, shared by all
+branches, never copied). ``par: [B1]`` long, ``par[0] == -1``, ``0 <= par[i] < i`` for drafts.
+
+Pieces (each has a Triton kernel with the same signature in ``fold_triton.py``):
+
+- ``gate_compact``       relative-residual gate  rho = ||H_i[n]-H_par(i)[n]|| / max(||H_par(i)[n]||, eps);
+                         rho <= delta folds, branch 0 always recomputes.
+- ``compact_rows``       packed ids of recomputed rows / folded rows, and the row id of every (i, n).
+- ``resolve_sources``    src[i, n] = i if (i, n) recomputes else src[par(i), n].
+- ``packed_norm_qkv_rope`` RMSNorm + q/k/v projection (+ optional per-head q/k RMSNorm) + RoPE on
+                         the packed recomputed rows only.
+- ``streaming_attention`` per recomputed row: unnormalised output O, running max m and denominator Z
+                         over the prefix (all visible) and the row's own branch's window keys under M.
+- ``folded_correction``  folded row (i, n) starts from its source row's (q, m, Z, O) and swaps the
+                         source branch's contributions at the keys where branch i's K/V differ.
+- ``packed_ffn``         RMSNorm + SwiGLU on the packed recomputed rows.
+
+Invariants.
+- Row ids: a flat row index is ``i * N + n``. ``rows`` lists recomputed rows in increasing flat order,
+  ``row_of[i, n]`` is the packed id of a recomputed (i, n) and -1 for a folded one.
+- ``kv_row[i, j] = row_of[src[i, j], j]``: the packed row whose q/k/v/FFN output branch i uses at
+  position j. K/V of a branch are never materialised: attention gathers them through ``kv_row``.
+- Branch 0 is always recomputed, so ``src`` and ``kv_row`` are always defined (no -1 in ``kv_row``).
+- The attention state is (O unnormalised, m, Z) with ``softmax output = O / Z``; a row that sees no
+  key at all has m = -inf, Z = 0, O = 0 (window masks always let n see n, so this does not happen
+  in practice).
+- Residual streams are never copied between branches: every row adds its own (possibly corrected)
+  attention output and its FFN source row's FFN output to its own hidden state.
+- The FFN is inherited only by rows that also pass the gate on the post-attention residual
+  (``ffn_gate``, see ``fold_layer``): a folded row's attention output differs from its source's
+  whenever the branch's window K/V differ, so inheriting the FFN unconditionally is not exact.
+- delta = 0 folds only rows that are bit-identical to their parent's; their q/k/v and FFN output are
+  then identical to what recomputation would give, so fold_layer(delta=0) == dense_layer up to float
+  rounding (with the default ffn_gate=True) (the correction subtracts and re-adds terms, which is exact in exact arithmetic).
+
+``o_proj`` and the residual adds are plain torch ops in both backends (dense GEMM on all rows).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# Guards only the 0/0 of an all-zero parent row: rho = ||diff|| / max(||parent||, GATE_EPS).
+# It never changes rho for a row whose norm exceeds 1e-30, and with delta = 0 a zero parent folds
+# exactly when the child is zero too (0 / eps = 0 <= 0), which is still exact.
+GATE_EPS = 1e-30
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """Tensors of one decoder layer (nn.Linear layout: weight [out, in]).
+
+    Shapes: wq [Hq*D, d], wk/wv [Hkv*D, d], wo [d, Hq*D], w_gate/w_up [F, d], w_down [d, F],
+    input_norm_w/post_norm_w [d], q_norm_w/k_norm_w [D] (per-head RMSNorm, Qwen3) or None.
+    ``eps`` is used for every RMSNorm of the layer.
+    """
+
+    input_norm_w: Tensor
+    eps: float
+    wq: Tensor
+    bq: Tensor | None
+    wk: Tensor
+    bk: Tensor | None
+    wv: Tensor
+    bv: Tensor | None
+    q_norm_w: Tensor | None
+    k_norm_w: Tensor | None
+    wo: Tensor
+    post_norm_w: Tensor
+    w_gate: Tensor
+    w_up: Tensor
+    w_down: Tensor
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        d = self.input_norm_w.shape[0]
+        D = self.head_dim
+        for name in ("wq", "wk", "wv"):
+            w = getattr(self, name)
+            if w.shape[1] != d or w.shape[0] % D:
+                raise ValueError(f"{name} has shape {tuple(w.shape)}; expected [heads*{D}, {d}]")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.wv.shape != self.wk.shape:
+            raise ValueError("wk and wv must have the same shape")
+        if tuple(self.wo.shape) != (d, self.wq.shape[0]):
+            raise ValueError(f"wo has shape {tuple(self.wo.shape)}; expected [{d}, {self.wq.shape[0]}]")
+
+    @property
+    def num_heads(self) -> int:
+        return self.wq.shape[0] // self.head_dim
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.wk.shape[0] // self.head_dim
+
+    @classmethod
+    def from_layer(cls, layer: Any, head_dim: int) -> "LayerWeights":
+        """Build from a decoder layer with DESIGN.md names (input_norm, q_proj, ..., down_proj)."""
+
+        def bias(lin: Any) -> Tensor | None:
+            return getattr(lin, "bias", None)
+
+        def norm_w(norm: Any) -> Tensor | None:
+            return None if norm is None else norm.weight
+
+        return cls(
+            input_norm_w=layer.input_norm.weight, eps=float(layer.input_norm.eps),
+            wq=layer.q_proj.weight, bq=bias(layer.q_proj),
+            wk=layer.k_proj.weight, bk=bias(layer.k_proj),
+            wv=layer.v_proj.weight, bv=bias(layer.v_proj),
+            q_norm_w=norm_w(getattr(layer, "q_norm", None)), k_norm_w=norm_w(getattr(layer, "k_norm", None)),
+            wo=layer.o_proj.weight, post_norm_w=layer.post_norm.weight,
+            w_gate=layer.gate_proj.weight, w_up=layer.up_proj.weight, w_down=layer.down_proj.weight,
+            head_dim=head_dim,
+        )
+
+
+@dataclass(slots=True)
+class LayerFoldStats:
+    """Per-layer fold statistics (python ints; reading them syncs once per layer)."""
+
+    folded: int            # folded draft positions
+    draft_positions: int   # B * N
+    recomputed_rows: int   # packed rows that ran QKV (includes the N rows of branch 0)
+    ffn_folded: int        # draft positions that inherited their FFN output (<= folded)
+
+    @property
+    def fold_ratio(self) -> float:
+        """Folded / draft positions at the QKV gate (the SPEC's per-layer fold ratio)."""
+        return self.folded / self.draft_positions if self.draft_positions else 0.0
+
+    @property
+    def ffn_fold_ratio(self) -> float:
+        return self.ffn_folded / self.draft_positions if self.draft_positions else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# small helpers shared by the twins and the dense reference
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """x [..., k] -> x * rsqrt(mean(x^2) + eps) * w, computed in x's dtype (float32 at least)."""
+    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.to(y.dtype)).to(x.dtype)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """HF rotate-half: [x1, x2] -> [-x2, x1] over the last dim."""
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [R, heads, D], cos/sin [R, D] (already gathered per row) -> x*cos + rotate_half(x)*sin."""
+    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
+
+
+def check_par(par: Tensor, num_branches: int) -> None:
+    """par [B1] long: par[0] == -1 and 0 <= par[i] < i for i >= 1."""
+    if par.shape != (num_branches,):
+        raise ValueError(f"par has shape {tuple(par.shape)}; expected ({num_branches},)")
+    p = par.tolist()
+    if p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, num_branches)):
+        raise ValueError(f"par must have par[0] == -1 and 0 <= par[i] < i, got {p}")
+
+
+def _safe_max(m: Tensor) -> Tensor:
+    # reference point for exp(): -inf (no visible key) becomes 0 so exp(-inf - 0) = 0, never nan
+    return torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+
+
+# ----------------------------------------------------------------------------------------------
+# the six pieces (PyTorch twins)
+
+
+def gate_compact(H: Tensor, par: Tensor, delta: float) -> tuple[Tensor, Tensor]:
+    """Relative-residual gate.
+
+    H [B1, N, d], par [B1] -> recompute_mask [B1, N] bool, rho [B1, N] (float32 at least; +inf for branch 0).
+    Row (i, n), i >= 1, folds iff rho <= delta.
+    """
+    B1 = H.shape[0]
+    check_par(par, B1)
+    acc = torch.promote_types(H.dtype, torch.float32)            # float32 at least
+    parent = H[par[1:]].to(acc)                                  # [B, N, d]
+    num = (H[1:].to(acc) - parent).norm(dim=-1)                  # [B, N]
+    den = parent.norm(dim=-1).clamp_min(GATE_EPS)
+    rho = torch.cat((torch.full_like(num[:1], math.inf), num / den), dim=0)   # [B1, N]
+    return rho > delta, rho
+
+
+def compact_rows(recompute_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """recompute_mask [B1, N] bool -> rows [R] long, folded_rows [F] long (flat ids i*N+n, increasing),
+    row_of [B1, N] long (packed id of a recomputed row, -1 for a folded one)."""
+    flat = recompute_mask.reshape(-1)
+    rows = flat.nonzero().squeeze(1)
+    folded_rows = (~flat).nonzero().squeeze(1)
+    row_of = torch.where(flat, flat.long().cumsum(0) - 1, torch.full_like(flat, -1, dtype=torch.long))
+    return rows, folded_rows, row_of.view(recompute_mask.shape)
+
+
+def resolve_sources(recompute_mask: Tensor, par: Tensor) -> Tensor:
+    """recompute_mask [B1, N], par [B1] -> src [B1, N] long: nearest recomputed ancestor (or self).
+
+    Branches are visited in index order; par[i] < i makes src[par[i]] final before branch i.
+    """
+    B1, N = recompute_mask.shape
+    src = torch.empty(B1, N, dtype=torch.long, device=recompute_mask.device)
+    src[0] = 0
+    for i in range(1, B1):
+        src[i] = torch.where(recompute_mask[i], torch.full_like(src[i], i), src[int(par[i])])
+    return src
+
+
+def packed_norm_qkv_rope(
+    H: Tensor, rows: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """H [B1, N, d], rows [R], cos/sin [N, D] -> q [R, Hq, D], k [R, Hkv, D], v [R, Hkv, D].
+
+    q = RoPE(q_norm?(x Wq^T + bq)), k likewise, v = x Wv^T + bv, x = RMSNorm(H[rows]) * input_norm_w.
+    """
+    N, D = H.shape[1], w.head_dim
+    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.input_norm_w, w.eps)     # [R, d]
+    pos = rows % N
+    c, s = cos[pos], sin[pos]                                                  # [R, D]
+
+    def proj(wt: Tensor, b: Tensor | None) -> Tensor:
+        y = x @ wt.t()
+        return (y if b is None else y + b).view(x.shape[0], -1, D)
+
+    q, k, v = proj(w.wq, w.bq), proj(w.wk, w.bk), proj(w.wv, w.bv)
+    if w.q_norm_w is not None:
+        q = rms_norm(q, w.q_norm_w, w.eps)
+    if w.k_norm_w is not None:
+        k = rms_norm(k, w.k_norm_w, w.eps)
+    return apply_rope(q, c, s), apply_rope(k, c, s), v
+
+
+def streaming_attention(
+    q: Tensor, k: Tensor, v: Tensor, rows: Tensor, kv_row: Tensor,
+    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention state of every recomputed row.
+
+    q [R, Hq, D], k/v [R, Hkv, D] (packed), rows [R], kv_row [B1, N], prefix_k/v [Hkv, P, D],
+    window_mask [N, N] bool -> O [R, Hq, D] (unnormalised), m [R, Hq], Z [R, Hq].
+    Row r = (i, n) sees every prefix key and window key j of branch i iff window_mask[n, j].
+    (The twin computes the same (O, m, Z) in one shot; the Triton kernel streams over key tiles.)
+    """
+    R, Hq, D = q.shape
+    Hkv, N = k.shape[1], kv_row.shape[1]
+    G = Hq // Hkv
+    q4 = q.view(R, Hkv, G, D)
+    bi, n = rows // N, rows % N
+    wk, wv = k[kv_row[bi]], v[kv_row[bi]]                                      # [R, N, Hkv, D]
+    sp = torch.einsum("rhgd,hpd->rhgp", q4, prefix_k) * scale                  # [R, Hkv, G, P]
+    sw = torch.einsum("rhgd,rjhd->rhgj", q4, wk) * scale                       # [R, Hkv, G, N]
+    sw = sw.masked_fill(~window_mask[n][:, None, None, :], -math.inf)
+    m = torch.maximum(sp.amax(-1) if sp.shape[-1] else torch.full_like(sw[..., 0], -math.inf), sw.amax(-1))
+    ms = _safe_max(m)[..., None]
+    pp, pw = torch.exp(sp - ms), torch.exp(sw - ms)
+    Z = pp.sum(-1) + pw.sum(-1)
+    O = torch.einsum("rhgp,hpd->rhgd", pp, prefix_v) + torch.einsum("rhgj,rjhd->rhgd", pw, wv)
+    return O.reshape(R, Hq, D), m.reshape(R, Hq), Z.reshape(R, Hq)
+
+
+def folded_correction(
+    q: Tensor, k: Tensor, v: Tensor, O: Tensor, m: Tensor, Z: Tensor,
+    folded_rows: Tensor, src: Tensor, kv_row: Tensor, window_mask: Tensor, scale: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Exact attention state of folded rows, from their source rows' state.
+
+    q [R, Hq, D], k/v [R, Hkv, D], O [R, Hq, D], m/Z [R, Hq] (state of the recomputed rows),
+    folded_rows [F] (flat ids), src/kv_row [B1, N], window_mask [N, N]
+    -> O_f [F, Hq, D], m_f [F, Hq], Z_f [F, Hq].
+
+    Folded row (i, n) with source s = src[i, n] (packed row rs = kv_row[i, n]) takes q, m, Z, O of rs.
+    At the keys j with kv_row[i, j] != kv_row[s, j] and window_mask[n, j] it removes
+    exp(q.k_s[j]*scale - m) (v_s[j]) from Z (O), then adds exp(q.k_i[j]*scale - m') (v_i[j]) with
+    m' = max(m, new scores), rescaling the remainder by exp(m - m').
+    Note: removal is a subtraction; if the removed keys carried almost all of the mass, the result
+    keeps only the absolute accuracy of the source's Z (fine in float32/64 for attention outputs).
+    """
+    R, Hq, D = q.shape
+    Hkv, N = k.shape[1], kv_row.shape[1]
+    G = Hq // Hkv
+    F = folded_rows.shape[0]
+    bi, n = folded_rows // N, folded_rows % N
+    rs = kv_row[bi, n]                                                         # [F]
+    s = src[bi, n]                                                             # [F]
+    kv_i, kv_s = kv_row[bi], kv_row[s]                                         # [F, N]
+    diff = (kv_i != kv_s) & window_mask[n]                                     # [F, N]
+    qf = q[rs].view(F, Hkv, G, D)
+    m0, Z0, O0 = m[rs].view(F, Hkv, G), Z[rs].view(F, Hkv, G), O[rs].view(F, Hkv, G, D)
+    d4 = diff[:, None, None, :]
+    # remove the source branch's contributions (relative to the source's m)
+    s_old = torch.einsum("fhgd,fjhd->fhgj", qf, k[kv_s]) * scale               # [F, Hkv, G, N]
+    e_old = torch.where(d4, torch.exp(s_old - _safe_max(m0)[..., None]), torch.zeros_like(s_old))
+    Z1 = Z0 - e_old.sum(-1)
+    O1 = O0 - torch.einsum("fhgj,fjhd->fhgd", e_old, v[kv_s])
+    # add branch i's contributions with the new running max
+    s_new = (torch.einsum("fhgd,fjhd->fhgj", qf, k[kv_i]) * scale).masked_fill(~d4, -math.inf)
+    m1 = torch.maximum(m0, s_new.amax(-1))
+    ms1 = _safe_max(m1)
+    alpha = torch.exp(m0 - ms1)                                                # exp(m - m')
+    e_new = torch.exp(s_new - ms1[..., None])
+    Z2 = Z1 * alpha + e_new.sum(-1)
+    O2 = O1 * alpha[..., None] + torch.einsum("fhgj,fjhd->fhgd", e_new, v[kv_i])
+    return O2.reshape(F, Hq, D), m1.reshape(F, Hq), Z2.reshape(F, Hq)
+
+
+def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
+    """H [B1, N, d] (after attention), rows [R] -> FFN output [R, d]:
+    down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w."""
+    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.post_norm_w, w.eps)
+    return (torch.nn.functional.silu(x @ w.w_gate.t()) * (x @ w.w_up.t())) @ w.w_down.t()
+
+
+# ----------------------------------------------------------------------------------------------
+# composition
+
+
+def _pieces(backend: str) -> ModuleType:
+    if backend == "torch":
+        import sys
+        return sys.modules[__name__]
+    from specfold.kernels import get_backend
+    return get_backend(backend)
+
+
+def fold_layer(
+    H: Tensor, par: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
+    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, delta: float, scale: float,
+    backend: str = "torch", ffn_gate: bool = True,
+) -> tuple[Tensor, LayerFoldStats]:
+    """One decoder layer with folded verification.
+
+    H [B1, N, d], par [B1], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] bool
+    -> H_out [B1, N, d], LayerFoldStats.
+
+    FFN inheritance. A row folded at the QKV gate has its own (corrected) attention output, so its
+    FFN input H_mid differs from its source's whenever the branch's window K/V differ. With
+    ``ffn_gate=True`` (default) the same gate is applied again to H_mid: a row inherits its source's
+    FFN output only if it folded at the QKV gate *and* ||H_mid_i - H_mid_par|| <= delta ||H_mid_par||
+    (sources resolved again along the chain). This keeps delta = 0 exact (SPEC §6). With
+    ``ffn_gate=False`` folded rows inherit the FFN output of their QKV-gate source unconditionally
+    (the literal reading of SPEC §6; not exact at delta = 0).
+    """
+    be = _pieces(backend)
+    B1, N, d = H.shape
+    Hq, D = w.num_heads, w.head_dim
+    recompute, _rho = be.gate_compact(H, par, delta)
+    rows, folded_rows, row_of = be.compact_rows(recompute)
+    src = be.resolve_sources(recompute, par)
+    kv_row = row_of.gather(0, src)                                              # [B1, N]
+    q, k, v = be.packed_norm_qkv_rope(H, rows, w, cos, sin)
+    O, m, Z = be.streaming_attention(q, k, v, rows, kv_row, prefix_k, prefix_v, window_mask, scale)
+    attn = H.new_empty(B1 * N, Hq, D)
+    attn[rows] = O / Z[..., None]
+    F = folded_rows.shape[0]
+    if F:
+        Of, _mf, Zf = be.folded_correction(q, k, v, O, m, Z, folded_rows, src, kv_row, window_mask, scale)
+        attn[folded_rows] = Of / Zf[..., None]
+    H_mid = H + (attn.view(B1, N, Hq * D) @ w.wo.t())                           # own residual per row
+    if ffn_gate:
+        ffn_recompute = be.gate_compact(H_mid, par, delta)[0] | recompute
+        ffn_rows, ffn_folded, ffn_row_of = be.compact_rows(ffn_recompute)
+        ffn_src_row = ffn_row_of.gather(0, be.resolve_sources(ffn_recompute, par))  # [B1, N]
+    else:
+        ffn_rows, ffn_folded, ffn_src_row = rows, folded_rows, kv_row
+    ffn = be.packed_ffn(H_mid, ffn_rows, w)                                      # [R_ffn, d]
+    H_out = H_mid + ffn[ffn_src_row]                                             # source row's FFN output
+    return H_out, LayerFoldStats(
+        folded=F, draft_positions=(B1 - 1) * N, recomputed_rows=rows.shape[0],
+        ffn_folded=ffn_folded.shape[0],
+    )
+
+
+def dense_layer(
+    H: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
+    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, scale: float,
+) -> Tensor:
+    """Reference: every position of every branch computed, each branch over its own window K/V.
+
+    H [B1, N, d], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] -> H_out [B1, N, d].
+    """
+    B1, N, d = H.shape
+    Hq, Hkv, D = w.num_heads, w.num_kv_heads, w.head_dim
+    G = Hq // Hkv
+    P = prefix_k.shape[1]
+    x = rms_norm(H, w.input_norm_w, w.eps)                                       # [B1, N, d]
+
+    def proj(wt: Tensor, b: Tensor | None) -> Tensor:
+        y = x @ wt.t()
+        return (y if b is None else y + b).view(B1, N, -1, D)
+
+    q, k, v = proj(w.wq, w.bq), proj(w.wk, w.bk), proj(w.wv, w.bv)              # [B1, N, h, D]
+    if w.q_norm_w is not None:
+        q = rms_norm(q, w.q_norm_w, w.eps)
+    if w.k_norm_w is not None:
+        k = rms_norm(k, w.k_norm_w, w.eps)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    keys = torch.cat((prefix_k.transpose(0, 1).expand(B1, P, Hkv, D), k), dim=1)  # [B1, P+N, Hkv, D]
+    vals = torch.cat((prefix_v.transpose(0, 1).expand(B1, P, Hkv, D), v), dim=1)
+    keys = keys.repeat_interleave(G, dim=2)                                       # [B1, P+N, Hq, D]
+    vals = vals.repeat_interleave(G, dim=2)
+    scores = torch.einsum("bnhd,bjhd->bhnj", q, keys) * scale                    # [B1, Hq, N, P+N]
+    visible = torch.cat((window_mask.new_ones(N, P), window_mask), dim=1)         # [N, P+N]
+    scores = scores.masked_fill(~visible, -math.inf)
+    attn = torch.einsum("bhnj,bjhd->bnhd", scores.softmax(-1), vals)              # [B1, N, Hq, D]
+    H_mid = H + attn.reshape(B1, N, Hq * D) @ w.wo.t()
+    xf = rms_norm(H_mid, w.post_norm_w, w.eps)
+    ffn = (torch.nn.functional.silu(xf @ w.w_gate.t()) * (xf @ w.w_up.t())) @ w.w_down.t()
+    return H_mid + ffn
