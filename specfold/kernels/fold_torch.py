@@ -196,7 +196,7 @@ def gate_compact(H: Tensor, par: Tensor, delta: float) -> tuple[Tensor, Tensor]:
     parent = H[par[1:]].to(acc)                                  # [B, N, d]
     num = (H[1:].to(acc) - parent).norm(dim=-1)                  # [B, N]
     den = parent.norm(dim=-1).clamp_min(GATE_EPS)
-    rho = torch.cat((torch.full_like(num[:1], math.inf), num / den), dim=0)   # [B1, N]
+    rho = torch.cat((num.new_full((1, H.shape[1]), math.inf), num / den), dim=0)   # [B1, N]
     return rho > delta, rho
 
 

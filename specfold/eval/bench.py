@@ -1,0 +1,202 @@
+"""`specfold bench`: every decode method (and sweep point) on the same prompts, in one process.
+
+`run_bench(llm, tasks, methods, ...)` generates and scores one sample at a time and appends one
+record per (task, id, method, setting) to a JSONL file (`records.py`: resumable); the runs come
+from `sweeps.py`; `summarize` (`summary.py`) turns records into table rows; `plots.py` draws them.
+
+Invariants:
+- Every method sees the same samples (the task's first `limit`) with the same base `DecodeParams`;
+  a sweep point overrides fields of it. `setting` names the overrides ("default" when none).
+- `vanilla` is the reference: it runs first for each task, and each record of another method is
+  compared token by token with the vanilla record of the same sample (`match`, `exact`). Fields
+  that only steer drafts and verification (`DRAFT_FIELDS`) do not apply to vanilla, so a sweep over
+  them runs vanilla once; a sweep over any other field (threshold, block_size ...) runs vanilla at
+  every point and each point is compared with its own vanilla.
+- Resuming needs the same model and parameters per setting (else `ResumeError`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from specfold.eval.records import RecordWriter, check_compatible, load_records
+from specfold.eval.summary import REFERENCE, format_table, summarize, token_match
+from specfold.eval.sweeps import Run, expand_runs, parse_sweep
+from specfold.eval.tasks import Task, get_task
+
+
+def model_label(model: str) -> str:
+    """How records name the model: "tiny", or the checkpoint folder's absolute path."""
+    return model if model == "tiny" else str(Path(model).expanduser().resolve())
+
+
+def params_dict(params) -> dict[str, Any]:
+    d = dataclasses.asdict(params)
+    return {k: (v if v is None or isinstance(v, (bool, int, float, str)) else str(v)) for k, v in d.items()}
+
+
+def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=None,
+              sweeps: Sequence[tuple[str, list]] = (), data: str | None = None, limit: int | None = None,
+              out: str | None = None, model_name: str | None = None, progress: bool = True,
+              warmup: int = 0) -> list[dict[str, Any]]:
+    """Generate and score every (task sample, run); return the records of this run (resumed ones too).
+
+    `base`: DecodeParams for every run (default: greedy, chat template on). `out`: JSONL to append
+    to and resume from (None: nothing written). `warmup`: untimed generations before each run's
+    first timed sample (compilation, caches), none when everything is resumed.
+    """
+    from specfold.params import DecodeParams
+
+    base = base or DecodeParams(chat_template=True)
+    model_name = model_name or str(llm.path)
+    runs = expand_runs(methods, base, sweeps)
+    done = load_records(out) if out else {}
+    loaded = [(t, t.load(data, limit)) for t in (get_task(t) if isinstance(t, str) else t for t in tasks)]
+    pdicts = {(run.method, run.setting): params_dict(run.params) for run in runs}
+    stored = [(run, task, s, rec) for task, samples in loaded for run in runs for s in samples
+              if (rec := done.get((task.name, s.id, run.method, run.setting))) is not None]
+    for run, _task, _s, rec in stored:  # refuse to mix runs before generating anything
+        check_compatible(rec, model_name, pdicts[(run.method, run.setting)], out)
+    total = sum(len(samples) for _, samples in loaded) * len(runs)
+    overall = _bar(progress, "bench", total, len(stored), position=0, leave=True)
+    records: list[dict[str, Any]] = []
+    with RecordWriter(out) as writer:
+        for task, samples in loaded:
+            refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
+            for run in runs:
+                todo = []
+                for s in samples:
+                    rec = done.get((task.name, s.id, run.method, run.setting))
+                    if rec is None:
+                        todo.append(s)
+                        continue
+                    records.append(_with_match(rec, run, refs.get((run.ref_setting, s.id))))
+                    if run.method == REFERENCE:
+                        refs[(run.setting, s.id)] = rec
+                bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
+                           position=1, leave=False)
+                for _ in range(warmup if todo else 0):
+                    llm.generate([todo[0].prompt], run.params)
+                for s in todo:
+                    o = llm.generate([s.prompt], run.params)[0]
+                    rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
+                                      refs.get((run.ref_setting, s.id)))
+                    writer.write(rec)
+                    records.append(rec)
+                    if run.method == REFERENCE:
+                        refs[(run.setting, s.id)] = rec
+                    bar.update(1)
+                    overall.update(1)
+                bar.close()
+    overall.close()
+    return records
+
+
+def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict, ref: dict | None) -> dict:
+    st = out.stats
+    score = task.score(sample, out.text)
+    rec = {"task": task.name, "id": sample.id, "method": run.method, "setting": run.setting,
+           "sweep": dict(run.sweep), "ref_setting": run.ref_setting, "model": model_name, "params": pdict,
+           "output": out.text, "token_ids": list(out.token_ids), "finish_reason": out.finish_reason,
+           "score": score, "correct": bool(score.get("correct")), "nfe": st.nfe, "tokens": st.tokens,
+           "seconds": st.seconds, "tokens_per_forward": st.tokens_per_forward,
+           "tokens_per_second": st.tokens_per_second, "fold_ratio": st.extra.get("fold_ratio"),
+           "extra": {str(k): v for k, v in st.extra.items()}}
+    match, exact = token_match(rec["token_ids"], ref["token_ids"]) if ref is not None else (None, None)
+    rec["match"], rec["exact"] = match, exact
+    return rec
+
+
+def _with_match(rec: dict, run: Run, ref: dict | None) -> dict:
+    """A stored record made without vanilla in its run, compared now (in memory; the file is kept)."""
+    if rec.get("match") is None and ref is not None and run.method != REFERENCE:
+        rec = dict(rec)
+        rec["match"], rec["exact"] = token_match(rec["token_ids"], ref["token_ids"])
+    return rec
+
+
+def _bar(enabled: bool, desc: str, total: int, initial: int, position: int, leave: bool):
+    """tqdm progress bar with ETA on stderr (overall bar on top, the current run's below)."""
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=desc, unit="sample", disable=not enabled,
+                file=sys.stderr, dynamic_ncols=True, position=position, leave=leave)
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """Arguments shared by `bench` and `eval`."""
+    ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
+                                                      "mbpp, mbpp_full, ifeval, tiny)")
+    ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
+    ap.add_argument("--limit", type=int, default=None, help="first N samples of each task")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed generations before each run")
+    ap.add_argument("--no-progress", action="store_true")
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from specfold.cli import llm_from_args, params_from_args
+    from specfold.decoding.methods import method_names
+    from specfold.errors import SpecfoldError
+    from specfold.eval.records import ResumeError
+    from specfold.eval.tasks import DataError
+
+    try:
+        sweeps = [parse_sweep(s) for s in a.sweep]
+        tasks = [get_task(t) for t in a.tasks.split(",")]
+        methods = a.methods.split(",") if a.methods else method_names()
+        unknown = [m for m in methods if m not in method_names()]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; registered: {method_names()}")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        llm = llm_from_args(a)
+        records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
+                            a.limit, a.out, model_name=model_label(a.model),
+                            progress=not a.no_progress, warmup=a.warmup)
+    except (SpecfoldError, ResumeError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = summarize(records)
+    table = format_table(rows)
+    print(table)
+    if a.out:
+        md = Path(a.out).with_suffix(".md")
+        md.write_text(f"command: `{_command_line()}`\n\n{table}\n")
+        print(f"\nrecords: {a.out}; table: {md}", file=sys.stderr)
+    if a.plot:
+        from specfold.eval.plots import write_plots
+        for path in write_plots(rows, a.plot):
+            print(f"plot: {path}", file=sys.stderr)
+    return 0
+
+
+def _command_line() -> str:
+    """The `specfold ...` command line of this process ("(from Python)" when not run as specfold)."""
+    import shlex
+    prog = Path(sys.argv[0]).name if sys.argv else ""
+    if prog not in ("specfold", "cli.py", "__main__.py"):
+        return "(from Python)"
+    return "specfold " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    from specfold.cli import add_decode_args, add_model_args
+    p = subparsers.add_parser("bench", help="benchmark methods side by side",
+                              description="Run every method (and sweep point) on the same prompts; write "
+                                          "per-sample JSONL records (resumable) and print a markdown table.")
+    add_model_args(p)
+    add_decode_args(p)
+    add_run_args(p)
+    p.add_argument("--methods", default=None, help="comma-separated decode methods (default: all registered); "
+                                                   "--method is ignored by bench")
+    p.add_argument("--out", default="bench.jsonl", help="records JSONL; rerunning with the same file resumes")
+    p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",
+                   help="e.g. delta=0,0.05,0.1,0.2 or branches=2..8 (repeatable: grid)")
+    p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.set_defaults(func=cmd_bench)
+    return p

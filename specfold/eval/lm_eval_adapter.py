@@ -1,0 +1,135 @@
+"""lm-evaluation-harness model "specfold": `generate_until` tasks through specfold's decoders.
+
+Importing this module registers the model with lm-eval (`lm_eval.api.registry.register_model`).
+lm-eval (0.4.x) discovers no model plugins by itself (its registry only knows its own models, and
+`--include_path` adds task folders, not models), so run it through this module:
+
+    python -m specfold.eval.lm_eval_adapter run --model specfold \
+        --model_args pretrained=PATH,method=freedave,dtype=bfloat16,device=cuda --tasks gsm8k --apply_chat_template
+
+or import it before calling `lm_eval.simple_evaluate(model="specfold", model_args=...)`.
+
+model_args: `pretrained` (checkpoint folder or "tiny"), `dtype`, `device`, `threads`, `overrides`
+(JSON object), and any `DecodeParams` field (`method`, `delta`, `branches`, `drafts`, `rule`,
+`threshold`, `block_size`, `max_new_tokens` = default generation length, `chat_template=True` = wrap
+each context as one user message when lm-eval's --apply_chat_template is not used ...). lm-eval's
+`batch_size`/`max_batch_size` are accepted and ignored (requests are decoded one at a time).
+
+Invariants: the context arrives already formatted (with `--apply_chat_template` lm-eval renders it
+through `apply_chat_template` below), so it is encoded as is; a context that does not fit the
+model's context window with `max_gen_toks` is cut from the left (as lm-eval's HF model does).
+`until` stop strings truncate the text at the earliest one; `max_gen_toks` bounds new tokens.
+Log-likelihood requests raise NotImplementedError: a diffusion decoder scores no log-likelihoods.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+NO_LOGLIKELIHOOD = ("specfold is a diffusion decoder and computes no log-likelihoods; run generate_until "
+                    "tasks only (e.g. gsm8k, minerva_math, humaneval, mbpp, ifeval), not multiple-choice "
+                    "or perplexity tasks")
+
+
+def truncate_at_stops(text: str, until: list[str]) -> str:
+    """`text` up to (excluding) the earliest occurrence of any non-empty stop string."""
+    cut = min((i for s in until if s and (i := text.find(s)) >= 0), default=len(text))
+    return text[:cut]
+
+
+@register_model("specfold")
+class SpecfoldLM(LM):
+    def __init__(self, pretrained: str = "tiny", dtype: str = "float32", device: str = "cpu",
+                 threads: int | None = None, overrides: str | dict | None = None,
+                 batch_size: Any = None, max_batch_size: Any = None, **decode: Any):
+        super().__init__()
+        import torch
+
+        from specfold.api import LLM
+        from specfold.params import DecodeParams
+
+        fields = {f.name for f in dataclasses.fields(DecodeParams)}
+        unknown = sorted(set(decode) - fields)
+        if unknown:
+            raise ValueError(f"unknown specfold model_args {unknown}; accepted: pretrained, dtype, device, "
+                             f"threads, overrides and the DecodeParams fields {sorted(fields)}")
+        if threads:
+            torch.set_num_threads(int(threads))
+        if str(device).startswith("cuda") and not torch.cuda.is_available():  # lm-eval's default --device
+            warnings.warn(f"device {device!r} requested but CUDA is not available; using the CPU")
+            device = "cpu"
+        if isinstance(overrides, str):
+            overrides = json.loads(overrides)
+        self.llm = LLM(str(pretrained), dtype=dtype, device=device, overrides=overrides)
+        if self.llm.tokenizer is None:
+            raise ValueError(f"{pretrained}: lm-eval sends text, but this checkpoint has no tokenizer.json")
+        # chat_template=True wraps each context as one user message (without lm-eval's
+        # --apply_chat_template); by default lm-eval formats the context itself
+        self.wrap_chat = bool(decode.pop("chat_template", False))
+        self.params = DecodeParams(**decode)
+        self.pretrained = str(pretrained)
+        self._device = device
+
+    # ------------------------------------------------------------------ generation
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+
+        results = []
+        for req in tqdm(requests, desc=f"specfold[{self.params.method}]", disable=disable_tqdm or len(requests) < 2):
+            context, gen_kwargs = req.args
+            text = self.generate_one(context, dict(gen_kwargs or {}))
+            results.append(text)
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+        return results
+
+    def generate_one(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+        until = gen_kwargs.pop("until", None) or []
+        if isinstance(until, str):
+            until = [until]
+        max_new = int(gen_kwargs.pop("max_gen_toks", self.params.max_new_tokens))
+        temperature = float(gen_kwargs.pop("temperature", self.params.temperature))
+        if not gen_kwargs.pop("do_sample", temperature > 0):
+            temperature = 0.0
+        params = self.params.replace(max_new_tokens=max_new, temperature=temperature)
+        if self.wrap_chat:
+            context = self.apply_chat_template([{"role": "user", "content": context}])
+        ids = self.llm.tokenizer.encode(context)
+        room = self.llm.spec.max_position_embeddings - max_new
+        if len(ids) > room:
+            warnings.warn(f"context of {len(ids)} tokens cut to its last {room} to fit max_gen_toks={max_new}")
+            ids = ids[-room:]
+        out = self.llm.generate([ids], params)[0]
+        return truncate_at_stops(out.text, until)
+
+    # ------------------------------------------------------------------ chat template
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.llm.tokenizer.apply_chat_template(chat_history, add_generation_prompt=add_generation_prompt)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self.pretrained.replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.llm.tokenizer.chat_template if chat_template else None
+
+    # ------------------------------------------------------------------ not supported
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(NO_LOGLIKELIHOOD)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError(NO_LOGLIKELIHOOD)
+
+
+def main() -> None:
+    """lm-eval's command line with the "specfold" model registered."""
+    from lm_eval.__main__ import cli_evaluate
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

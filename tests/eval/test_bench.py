@@ -1,0 +1,242 @@
+"""`specfold bench` / `specfold eval` on a small random checkpoint with a character tokenizer:
+the table and the JSONL, resume without recomputation, corrupt lines, parameter mismatches, sweeps,
+plots; and, when the embedded tiny model ships its quality figures, that bench reproduces them."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfold.eval.bench import run_bench
+from specfold.eval.sweeps import expand_runs, parse_sweep
+from specfold.eval.plots import write_plots
+from specfold.eval.records import CorruptLineWarning, ResumeError, load_records
+from specfold.eval.summary import format_table, summarize, token_match
+from specfold.params import DecodeParams
+from tests.eval.test_bench_model import text_checkpoint
+
+torch.set_num_threads(1)
+N = 3  # samples per task
+BASE = DecodeParams(chat_template=True, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def model_dir(checkpoint, tmp_path_factory) -> Path:
+    return text_checkpoint(checkpoint(peaked=30.0), tmp_path_factory.mktemp("textmodel"))
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    from specfold import LLM
+    return LLM(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("tinydata") / "heldout.jsonl"
+    p.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                         for i in range(5)))
+    return p
+
+
+class Counting:
+    """Wraps an LLM and counts generate calls."""
+
+    def __init__(self, llm):
+        self.llm, self.path, self.calls = llm, llm.path, 0
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls += len(prompts)
+        return self.llm.generate(prompts, params)
+
+
+def bench(llm, data, out, methods=("vanilla", "freedave"), sweeps=(("delta", [0.05, 0.1]),), **kw):
+    return run_bench(llm, ["tiny"], list(methods), kw.pop("base", BASE), list(sweeps), str(data), N, out,
+                     model_name="m", progress=False, **kw)
+
+
+def test_cli_bench_table_jsonl_resume_and_plots(model_dir, data, tmp_path, capsys, monkeypatch):
+    from specfold.api import LLM
+    from specfold.cli import main
+    out, plots = tmp_path / "b.jsonl", tmp_path / "plots"
+    argv = ["bench", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", str(N),
+            "--methods", "vanilla,freedave", "--max-new-tokens", "8", "--sweep", "branches=2..3",
+            "--out", str(out), "--plot", str(plots), "--threads", "1", "--no-progress", "--warmup", "0"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert "| task | method | setting |" in table and "tok/s" in table
+    for setting in ("| vanilla | default |", "| freedave | branches=2 |", "| freedave | branches=3 |"):
+        assert setting in table
+    recs = [json.loads(l) for l in out.read_text().splitlines()]
+    assert len(recs) == N * 3  # vanilla once (branches only steers drafts) + 2 sweep points
+    for r in recs:
+        assert {"task", "id", "method", "setting", "output", "score", "nfe", "tokens", "seconds",
+                "fold_ratio", "match", "exact"} <= set(r)
+        assert (r["match"] is None) == (r["method"] == "vanilla")
+    assert out.with_suffix(".md").read_text().count("| freedave |") == 2
+    for name in ("accuracy_vs_speed.png", "gain_vs_branches.png"):
+        png = plots / name
+        assert png.is_file() and png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+    calls = []
+    real = LLM.generate
+    monkeypatch.setattr(LLM, "generate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    assert main(argv) == 0
+    assert calls == []  # everything resumed
+    assert capsys.readouterr().out.splitlines()[:5] == table.splitlines()[:5]
+    assert len(out.read_text().splitlines()) == N * 3
+
+
+def test_resume_continues_an_interrupted_run(llm, data, tmp_path):
+    out = tmp_path / "r.jsonl"
+    first = Counting(llm)
+    full = bench(first, data, out)
+    assert first.calls == N * 3
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join(lines[:4]) + "\n")  # interrupted after 4 records
+    again = Counting(llm)
+    recs = bench(again, data, out)
+    assert again.calls == N * 3 - 4
+    assert [(r["id"], r["method"], r["setting"]) for r in recs] == \
+           [(r["id"], r["method"], r["setting"]) for r in full]
+    assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in full]
+
+
+def test_corrupt_line_is_reported_by_number_and_recomputed(llm, data, tmp_path):
+    out = tmp_path / "c.jsonl"
+    bench(Counting(llm), data, out, methods=("vanilla",), sweeps=())
+    lines = out.read_text().splitlines()
+    lines[1] = lines[1][: len(lines[1]) // 2]  # a half-written record on line 2
+    out.write_text("\n".join(lines))  # and no final newline
+    again = Counting(llm)
+    with pytest.warns(CorruptLineWarning, match=rf"{out.name}:2: corrupt record"):
+        recs = bench(again, data, out, methods=("vanilla",), sweeps=())
+    assert again.calls == 1 and len(recs) == N
+    with pytest.warns(CorruptLineWarning, match=":2:"):  # the bad line stays, the record was appended
+        assert len(load_records(out)) == N
+
+
+def test_resume_refuses_other_parameters(llm, data, tmp_path):
+    out = tmp_path / "p.jsonl"
+    bench(Counting(llm), data, out, methods=("vanilla",), sweeps=())
+    again = Counting(llm)
+    with pytest.raises(ResumeError, match="max_new_tokens: 8 -> 6"):
+        bench(again, data, out, methods=("vanilla",), sweeps=(), base=BASE.replace(max_new_tokens=6))
+    assert again.calls == 0
+
+
+def test_sweeps_and_runs():
+    assert parse_sweep("delta=0,0.05,0.1") == ("delta", [0, 0.05, 0.1])
+    assert parse_sweep("branches=2..5") == ("branches", [2, 3, 4, 5])
+    with pytest.raises(ValueError, match="cannot sweep 'bogus'"):
+        parse_sweep("bogus=1,2")
+    runs = expand_runs(["specfold", "vanilla"], BASE, [("delta", [0.0, 0.1]), ("branches", [2, 4])])
+    assert [(r.method, r.setting) for r in runs][:2] == [("vanilla", "default"), ("specfold", "delta=0.0,branches=2")]
+    assert len(runs) == 1 + 4 and runs[-1].params.branches == 4 and runs[-1].params.delta == 0.1
+    runs = expand_runs(["vanilla", "freedave"], BASE, [("threshold", [0.5, 0.9])])  # applies to vanilla too
+    assert [(r.method, r.setting, r.ref_setting) for r in runs] == [
+        ("vanilla", "threshold=0.5", "threshold=0.5"), ("vanilla", "threshold=0.9", "threshold=0.9"),
+        ("freedave", "threshold=0.5", "threshold=0.5"), ("freedave", "threshold=0.9", "threshold=0.9")]
+
+
+def _rec(method, setting, i, tokens, nfe, secs, ids, sweep=None, correct=True):
+    return {"task": "tiny", "id": f"tiny/{i}", "method": method, "setting": setting, "sweep": sweep or {},
+            "ref_setting": "default", "score": {"correct": correct}, "correct": correct, "nfe": nfe,
+            "tokens": tokens, "seconds": secs, "fold_ratio": 0.5 if method == "specfold" else None,
+            "token_ids": ids, "match": None if method == "vanilla" else token_match(ids, [1, 2, 3, 4])[0],
+            "exact": None if method == "vanilla" else ids == [1, 2, 3, 4]}
+
+
+def test_summarize_ratios_and_plots(tmp_path):
+    recs = [_rec("vanilla", "default", i, 4, 8, 1.0, [1, 2, 3, 4]) for i in range(2)]
+    for b in (2, 4):
+        recs += [_rec("specfold", f"branches={b}", i, 4, 8 // b, 1.0 / b, [1, 2, 3, 5] if i else [1, 2, 3, 4],
+                      sweep={"branches": b}, correct=i == 0) for i in range(2)]
+    rows = summarize(recs)
+    v, s2, s4 = rows
+    assert v["accuracy_x"] == 1.0 and v["tokens_per_second"] == 4.0
+    assert s4["tokens_per_second_x"] == 4.0 and s4["nfe_per_sample_x"] == 0.25 and s4["accuracy_x"] == 0.5
+    assert s2["match"] == pytest.approx(0.875) and s2["exact"] == 0.5 and s2["fold_ratio"] == 0.5
+    assert "| tiny | specfold | branches=4 | 2 | 0.500 | 0.50 |" in format_table(rows)
+    paths = write_plots(rows, tmp_path / "p")
+    assert [p.name for p in paths] == ["accuracy_vs_speed.png", "gain_vs_branches.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert token_match([], []) == (1.0, True) and token_match([1, 2], [1, 2, 3]) == (2 / 3, False)
+
+
+def test_cli_eval_prints_accuracy_and_speed(model_dir, data, tmp_path, capsys):
+    from specfold.cli import main
+    out = tmp_path / "e.jsonl"
+    assert main(["eval", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", "2",
+                 "--max-new-tokens", "8", "--out", str(out), "--no-progress", "--warmup", "0"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("tiny [vanilla]: accuracy 0.000 (n=2) |") and "tokens/s" in line
+    assert len(out.read_text().splitlines()) == 2
+    assert main(["bench", "--model", str(model_dir), "--tasks", "nope", "--no-progress"]) == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ the embedded tiny model
+TINY = Path(__file__).resolve().parents[2] / "specfold" / "tiny" / "model"
+QUALITY = TINY / "quality.json"
+
+
+def test_cli_bench_on_tiny_model(tmp_path, capsys):
+    if not (TINY / "config.json").is_file():
+        pytest.skip("the embedded tiny model is not trained yet")
+    from specfold.cli import main
+    out = tmp_path / "t.jsonl"
+    assert main(["bench", "--model", "tiny", "--tasks", "tiny", "--limit", "2", "--methods", "vanilla",
+                 "--max-new-tokens", "32", "--out", str(out), "--no-progress", "--warmup", "0"]) == 0
+    assert "| tiny | vanilla | default | 2 |" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 2
+
+
+def check_quality(llm, quality: dict, data: str | None = None) -> int:
+    """Compare bench's vanilla accuracy on the tiny task with `quality` (the format of quality.json:
+    {"vanilla_<rule>": {"accuracy": a, "n": n, optional DecodeParams fields such as "max_new_tokens"
+    (and "rule", overriding the key's), optional "correct": [bool per held-out sample], optional
+    "tolerance"}}); the number of entries checked. bench must give the same accuracy on the first n
+    samples (exactly, unless a tolerance is given). Entries with n > 64 run only with
+    SPECFOLD_EVAL_FULL=1, unless they list per-sample `correct`, then checked on the first 16."""
+    fields = set(DecodeParams.__dataclass_fields__)
+    full, checked = os.environ.get("SPECFOLD_EVAL_FULL") == "1", 0
+    for name, entry in quality.items():
+        method, _, rule = name.partition("_")
+        if method != "vanilla" or not isinstance(entry, dict) or "accuracy" not in entry:
+            continue
+        n = int(entry["n"])
+        k = n if full or n <= 64 else (16 if "correct" in entry else 0)
+        if not k:
+            continue
+        params = DecodeParams(chat_template=True, rule=entry.get("rule", rule or None),
+                              **{f: v for f, v in entry.items() if f in fields and f not in ("method", "rule")})
+        recs = run_bench(llm, ["tiny"], ["vanilla"], params, data=data, limit=k, progress=False)
+        if k == n:
+            acc = summarize(recs)[0]["accuracy"]
+            assert acc == pytest.approx(entry["accuracy"], abs=entry.get("tolerance", 1e-9)), name
+        else:
+            assert [r["correct"] for r in recs] == [bool(c) for c in entry["correct"][:len(recs)]], name
+        checked += 1
+    return checked
+
+
+def test_quality_check_itself(llm, data):
+    entry = {"n": 3, "max_new_tokens": 8, "rule": "threshold"}
+    assert check_quality(llm, {"vanilla_static": dict(entry, accuracy=0.0), "other": {}}, str(data)) == 1
+    with pytest.raises(AssertionError, match="vanilla_static"):
+        check_quality(llm, {"vanilla_static": dict(entry, accuracy=2 / 3)}, str(data))
+    big = {"n": 500, "accuracy": 0.9, "max_new_tokens": 8, "correct": [False] * 500}
+    if os.environ.get("SPECFOLD_EVAL_FULL") != "1":
+        assert check_quality(llm, {"vanilla_threshold": big}, str(data)) == 1
+
+
+def test_bench_reproduces_tiny_model_quality():
+    if not QUALITY.is_file():
+        pytest.skip(f"{QUALITY} not written yet (tiny-model issue)")
+    from specfold import LLM
+    if not check_quality(LLM("tiny"), json.loads(QUALITY.read_text())):
+        pytest.skip("quality.json has no vanilla entry small enough (set SPECFOLD_EVAL_FULL=1)")
