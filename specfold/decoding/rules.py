@@ -23,11 +23,13 @@ class Scored:
     positions: torch.Tensor  # [C] candidate window positions, ascending
     tokens: torch.Tensor  # [C] chosen token per candidate
     conf: torch.Tensor  # [C] confidence (float64)
+    top: torch.Tensor | None = None  # [C, K] the K most likely token ids (column 0 = argmax), when asked
 
 
 def score(logits: torch.Tensor, positions: torch.Tensor, mask_id: int, kind: str, temperature: float,
-          generator: torch.Generator | None) -> Scored:
-    """logits [C, V] at candidate `positions` -> tokens and confidences."""
+          generator: torch.Generator | None, topk: int = 0) -> Scored:
+    """logits [C, V] at candidate `positions` -> tokens and confidences (and, for draft policies that
+    read vocabulary ranks beyond the argmax, the `topk` most likely ids; never changes tokens/conf)."""
     lg = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32).clone()
     lg[:, mask_id] = float("-inf")
     if temperature > 0:
@@ -48,7 +50,12 @@ def score(logits: torch.Tensor, positions: torch.Tensor, mask_id: int, kind: str
         conf = torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
     else:
         raise ValueError(kind)
-    return Scored(positions, tokens, conf.double())
+    top = None
+    if topk > 0:
+        top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
+        if temperature == 0:
+            top[:, 0] = tokens  # ties: the argmax (lowest index) is vocabulary rank 0
+    return Scored(positions, tokens, conf.double(), top)
 
 
 def rank(s: Scored) -> torch.Tensor:

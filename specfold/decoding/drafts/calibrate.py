@@ -1,0 +1,224 @@
+"""Spiffy graph calibration (SPEC §5): replay vanilla decoding, count rank patterns, pick B nodes.
+
+For every main-trajectory root s_t of a block (one that has a parent step s_{t-1} -> s_t with logits
+p), walk the following transitions s_t -> s_{t+1} -> ... and express each one as a pattern: the set of
+(position rank, vocabulary rank) pairs of the positions it unmasks, ranks taken in p (position rank
+among p's candidates still masked before the transition; vocabulary rank of the chosen token in p's
+top-k). The path of patterns from the root is a candidate node whose parent is the path without its
+last pattern; its count is how often the trajectory followed it. A transition not expressible in p
+(a position outside p's candidates, a token beyond the top-k) ends the walk.
+
+Nodes are picked greedily by degree-1 accumulation: among the candidates whose parent is already in
+the graph (the root's children first), take the one with the highest count + its parent's count (the
+root counts 0), so a frequent continuation of a frequent node wins over a rare sibling; nodes are
+thus listed parents first and the first B of a graph form a graph. If fewer than B patterns occurred, the
+graph is completed with a FreeDave chain so it always has B nodes.
+
+`calibrate(llm, prompts, params, branches) -> DraftGraph`; `specfold calibrate` wraps it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node
+from specfold.decoding.loop import BlockContext, DraftPolicy, Step
+from specfold.decoding.rules import rank
+from specfold.errors import ParamsError
+from specfold.params import DecodeParams
+
+TOPK = 4  # vocabulary ranks considered
+MAX_DEPTH = 8  # transitions followed from a root
+
+
+class _Recorder(DraftPolicy):
+    """No drafts (vanilla); records every block's steps."""
+    name = "calibrate"
+    topk = TOPK
+
+    def __init__(self):
+        self.blocks: list[list[Step]] = []
+
+    def on_step(self, step: Step, ctx: BlockContext) -> None:
+        if ctx.step == 0:
+            self.blocks.append([])
+        self.blocks[-1].append(step)
+
+
+def _pattern(order: list[int], cand: dict[int, int], p, cur, nxt, mask_id: int):
+    avail = [pos for pos in order if cur[pos] == mask_id]
+    rank_of = {pos: r for r, pos in enumerate(avail)}
+    pairs = []
+    for pos in (cur != nxt).nonzero()[:, 0].tolist():
+        if pos not in rank_of:
+            return None
+        row = p.top[cand[pos]].tolist()
+        tok = int(nxt[pos])
+        if tok not in row:
+            return None
+        pairs.append((rank_of[pos], row.index(tok)))
+    return tuple(sorted(pairs)) if pairs else None
+
+
+def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_DEPTH) -> tuple[Counter, int]:
+    counts: Counter = Counter()
+    roots = 0
+    for steps in blocks:
+        for t in range(1, len(steps)):
+            p = steps[t - 1].scored
+            order = p.positions[rank(p)].tolist()
+            cand = {pos: i for i, pos in enumerate(p.positions.tolist())}
+            roots += 1
+            path: tuple = ()
+            for k in range(t, min(len(steps), t + max_depth)):
+                pat = _pattern(order, cand, p, steps[k].state, steps[k].next, mask_id)
+                if pat is None:
+                    break
+                path += (pat,)
+                counts[path] += 1
+    return counts, roots
+
+
+SELECTIONS = ("degree1", "count")
+
+
+def select(counts: Counter, roots: int, branches: int, selection: str = "degree1") -> tuple[list[Node], list[int]]:
+    """Greedy among the candidates whose parent is already chosen, by degree-1 accumulation (count +
+    parent's count; the default, as Spiffy) or by the count alone (`selection="count"`: the expected
+    hits of the node itself)."""
+    if selection not in SELECTIONS:
+        raise ParamsError(f"selection={selection!r}; accepted: {SELECTIONS}")
+
+    def score(path):
+        if selection == "count":
+            return counts[path]
+        return counts[path] + (counts[path[:-1]] if len(path) > 1 else 0)
+    children: dict[tuple, list[tuple]] = {}
+    for path in counts:
+        children.setdefault(path[:-1], []).append(path)
+    chosen: list[tuple] = []
+    index = {(): 0}
+    frontier = list(children.get((), []))
+    while frontier and len(chosen) < branches:
+        best = min(frontier, key=lambda q: (-score(q), len(q), q))
+        frontier.remove(best)
+        index[best] = len(chosen) + 1
+        chosen.append(best)
+        frontier += children.get(best, [])
+    step = ((0, 0),)  # one argmax position, next in rank
+    chain = (step,)
+    while len(chosen) < branches:  # too few patterns seen: complete with a FreeDave chain
+        if chain not in index:
+            index[chain] = len(chosen) + 1
+            chosen.append(chain)
+        chain = chain + (step,)
+    nodes = [Node(index[q[:-1]], q[-1]) for q in chosen]
+    return nodes, [counts.get(q, 0) for q in chosen]
+
+
+def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branches: int = 7,
+              selection: str = "degree1") -> DraftGraph:
+    """Replay vanilla decoding of `prompts` (strings or token-id lists) with `params`' rule and return
+    a draft graph of `branches` nodes."""
+    from specfold.decoding.drafts.spiffy import fingerprint
+    if not 1 <= branches <= MAX_NODES:
+        raise ParamsError(f"branches must be in [1, {MAX_NODES}], got {branches}")
+    if not prompts:
+        raise ParamsError("calibration needs at least one prompt")
+    params = (params or DecodeParams()).replace(method="vanilla", temperature=0.0)
+    dec = llm.decoder(params)
+    rec = _Recorder()
+    dec.policy = rec
+    for pr in prompts:
+        dec.run(llm.encode(pr, params))
+    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id)
+    nodes, node_counts = select(counts, roots, branches, selection)
+    rp = dec.p
+    meta = {"model": fingerprint(llm.spec), "rule": rp.rule, "threshold": rp.threshold, "block_size": rp.block_size,
+            "sub_block_size": rp.sub_block_size, "prompts": len(prompts), "roots": roots, "selection": selection,
+            "counts": node_counts, "hit_rate_estimate": [c / roots if roots else 0.0 for c in node_counts]}
+    return DraftGraph(nodes, meta)
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    """JSON Lines with a "prompt" or "question" field per line, or plain text (one prompt per line)."""
+    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    out = []
+    for i, ln in enumerate(lines, start=1):
+        if ln.lstrip().startswith("{"):
+            try:
+                row = json.loads(ln)
+            except json.JSONDecodeError as e:
+                raise ParamsError(f"{path}:{i}: not valid JSON: {e}") from None
+            text = row.get("prompt", row.get("question"))
+            if not isinstance(text, str):
+                raise ParamsError(f"{path}:{i}: a JSON line needs a 'prompt' or 'question' string")
+            out.append(text)
+        else:
+            out.append(ln)
+    return out
+
+
+def _cmd(a: argparse.Namespace) -> int:
+    from specfold.cli import llm_from_args, params_from_args
+    llm = llm_from_args(a)
+    params = params_from_args(a)
+    prompts = read_prompts(a.prompts)[: a.limit]
+    g = calibrate(llm, prompts, params, a.branches, a.selection)
+    g.save(a.out)
+    m = g.meta
+    print(f"wrote {a.out}: {len(g)} nodes from {m['roots']} roots over {m['prompts']} prompts "
+          f"(rule {m['rule']}); estimated hit rates {[round(x, 3) for x in m['hit_rate_estimate']]}")
+    return 0
+
+
+def register(subparsers) -> None:
+    from specfold.cli import add_decode_args, add_model_args
+    ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
+    add_model_args(ap)
+    add_decode_args(ap)
+    ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
+    ap.add_argument("--limit", type=int, default=50, help="prompts used (default 50)")
+    ap.add_argument("--out", required=True, help="graph JSON to write")
+    ap.add_argument("--selection", choices=SELECTIONS, default="degree1",
+                    help="node choice: count + parent's count (Spiffy's degree-1 accumulation) or count alone")
+    ap.set_defaults(func=_cmd)
+
+
+def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 16, out_dir: str | Path | None = None) -> list[Path]:
+    """(Re)make the shipped default graphs of the tiny model: threshold and sub_block rules, calibrated
+    on `n` fresh problems of the tiny task (a stream disjoint from the held-out set) through the chat
+    template. `python -m specfold.decoding.drafts.calibrate [MODEL_DIR]`."""
+    import random
+
+    from specfold.api import LLM
+    from specfold.decoding.drafts.spiffy import GRAPHS
+    from specfold.tiny import data as D
+    llm = LLM(model, dtype="float32")
+    rng = random.Random("spiffy-calibration")
+    held = set()
+    hp = llm.path / "heldout.jsonl"
+    if hp.is_file():
+        held = {r["question"] for r in D.load_jsonl(hp)}
+    prompts: list[str] = []
+    while len(prompts) < n:
+        q = D.make_problem(rng)["question"]
+        if q not in held:
+            prompts.append(q)
+    out_dir = Path(out_dir or GRAPHS)
+    written = []
+    for rule in ("threshold", "sub_block"):
+        p = DecodeParams(rule=rule, threshold=0.9, chat_template=True, max_new_tokens=128)
+        g = calibrate(llm, prompts, p, branches)
+        g.meta["source"] = f"tiny_defaults(n={n}): fresh tiny-task problems, chat template, threshold 0.9"
+        written.append(g.save(out_dir / f"tiny_{rule}.json"))
+    return written
+
+
+if __name__ == "__main__":
+    import sys
+    for f in tiny_defaults(sys.argv[1] if len(sys.argv) > 1 else "tiny"):
+        print("wrote", f)

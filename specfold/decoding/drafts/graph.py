@@ -1,0 +1,229 @@
+"""Draft graphs (SPEC §5): a DAG of draft nodes rooted at the main branch, realized from the parent's logits.
+
+Node 0 is the root (the main-trajectory state being verified). Node i >= 1 has one parent
+`parent[i] < i` and a set of (position rank, vocabulary rank) pairs; its block state is its parent
+node's state with, for each pair (r, v), the r-th still-masked position of the parent step's confidence
+ranking (`rules.rank`, restricted to the positions still masked in the parent node) unmasked to the v-th
+most likely token of the parent step's logits at that position. A node whose ranks run past the ranking
+(or past the candidates of the parent step's rule region) is not realized, nor are its descendants.
+
+Nodes are stored in selection order (parents first), so the first B nodes of a graph are a valid graph
+of B nodes. FreeDave's chain is the graph whose node j is {(0, 0)}, ..., {(k-1, 0)} under node j-1.
+
+JSON file: {"version": 1, "nodes": [{"parent": 0, "pairs": [[0, 0]]}, ...], "meta": {...}} where meta
+may hold `block_size` (ranks must be below it), `rule`, `counts`, `prompts`, `model` (a fingerprint).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specfold.decoding.loop import BlockContext, Draft, Step
+from specfold.decoding.rules import rank
+from specfold.errors import ConfigError
+
+VERSION = 1
+MAX_NODES = 64  # DecodeParams.branches accepts at most 64
+MAX_VOCAB_RANK = 8  # vocabulary ranks 0..7 (Scored.top keeps that many ids)
+
+
+class GraphError(ConfigError):
+    """A draft graph file or object is malformed, of another version, or does not fit the model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    parent: int  # 0 = root, i = graph node i (1-based; nodes[i - 1])
+    pairs: tuple[tuple[int, int], ...]  # (position rank, vocabulary rank), sorted
+
+
+@dataclass
+class DraftGraph:
+    nodes: list[Node]
+    meta: dict = field(default_factory=dict)
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # ------------------------------------------------------------------ shape
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def topk(self) -> int:
+        """Vocabulary ranks the graph reads (1 = argmax only)."""
+        return 1 + max((v for n in self.nodes for _, v in n.pairs), default=0)
+
+    @property
+    def max_position_rank(self) -> int:
+        return max((r for n in self.nodes for r, _ in n.pairs), default=-1)
+
+    def first(self, b: int) -> "DraftGraph":
+        """The graph of its first `b` nodes (valid: parents precede children)."""
+        if b > len(self.nodes):
+            raise GraphError(f"the draft graph has {len(self.nodes)} nodes; branches={b} asks for more "
+                             f"(calibrate one with `specfold calibrate --branches {b}`)")
+        return DraftGraph(self.nodes[:b], dict(self.meta), self.version)
+
+    @classmethod
+    def chain(cls, depth: int, k: int = 1) -> "DraftGraph":
+        """FreeDave: node j = node j-1 plus the next k positions of the ranking (argmax tokens)."""
+        pairs = tuple((r, 0) for r in range(k))
+        return cls([Node(j, pairs) for j in range(depth)], {"kind": "chain", "k": k})
+
+    # ------------------------------------------------------------------ validation
+    def validate(self, block_size: int | None = None) -> None:
+        if self.version != VERSION:
+            raise GraphError(f"draft graph version {self.version!r} is not supported (this specfold reads "
+                             f"version {VERSION}); recalibrate it with `specfold calibrate`")
+        if not isinstance(self.nodes, list) or not self.nodes:
+            raise GraphError("a draft graph needs at least one node")
+        if len(self.nodes) > MAX_NODES:
+            raise GraphError(f"the draft graph has {len(self.nodes)} nodes; at most {MAX_NODES} are allowed")
+        limit = block_size if block_size is not None else self.meta.get("block_size")
+        for i, n in enumerate(self.nodes, start=1):
+            if not isinstance(n.parent, int) or isinstance(n.parent, bool) or not 0 <= n.parent < i:
+                raise GraphError(f"node {i}: parent {n.parent!r} must be an earlier node index in [0, {i - 1}] "
+                                 f"(0 = the root)")
+            if not n.pairs:
+                raise GraphError(f"node {i}: needs at least one (position rank, vocabulary rank) pair")
+            seen = set()
+            for pr in n.pairs:
+                if (not isinstance(pr, tuple) or len(pr) != 2
+                        or not all(isinstance(x, int) and not isinstance(x, bool) for x in pr)):
+                    raise GraphError(f"node {i}: pair {pr!r} is not two integers")
+                r, v = pr
+                if r < 0 or v < 0:
+                    raise GraphError(f"node {i}: negative rank in {pr}")
+                if limit is not None and r >= limit:
+                    raise GraphError(f"node {i}: position rank {r} is out of range for block size {limit}")
+                if v >= MAX_VOCAB_RANK:
+                    raise GraphError(f"node {i}: vocabulary rank {v} exceeds the maximum {MAX_VOCAB_RANK - 1}")
+                if r in seen:
+                    raise GraphError(f"node {i}: position rank {r} appears twice")
+                seen.add(r)
+            if limit is not None and len(n.pairs) > limit:
+                raise GraphError(f"node {i}: unmasks {len(n.pairs)} positions, more than block size {limit}")
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        return {"version": self.version,
+                "nodes": [{"parent": n.parent, "pairs": [list(p) for p in n.pairs]} for n in self.nodes],
+                "meta": self.meta}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def from_dict(cls, d) -> "DraftGraph":
+        if not isinstance(d, dict):
+            raise GraphError(f"a draft graph is a JSON object, got {type(d).__name__}")
+        if "version" not in d:
+            raise GraphError("the draft graph has no 'version' field (not a specfold draft graph?)")
+        if d["version"] != VERSION:
+            raise GraphError(f"draft graph version {d['version']!r} is not supported (this specfold reads "
+                             f"version {VERSION}); recalibrate it with `specfold calibrate`")
+        nodes_raw, meta = d.get("nodes"), d.get("meta", {})
+        if not isinstance(nodes_raw, list):
+            raise GraphError("the draft graph's 'nodes' must be a list")
+        if not isinstance(meta, dict):
+            raise GraphError("the draft graph's 'meta' must be an object")
+        nodes = []
+        for i, n in enumerate(nodes_raw, start=1):
+            if not isinstance(n, dict) or set(n) - {"parent", "pairs", "count"} or "parent" not in n \
+                    or "pairs" not in n or not isinstance(n["pairs"], list):
+                raise GraphError(f"node {i}: expected {{'parent': int, 'pairs': [[position rank, vocabulary "
+                                 f"rank], ...]}}, got {n!r}")
+            bad = [p for p in n["pairs"] if not (isinstance(p, list) and len(p) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in p))]
+            if bad:
+                raise GraphError(f"node {i}: pair {bad[0]!r} is not [position rank, vocabulary rank] "
+                                 f"(two integers)")
+            pairs = tuple(sorted(tuple(p) for p in n["pairs"]))
+            nodes.append(Node(n["parent"], pairs))
+        return cls(nodes, meta, d["version"])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "DraftGraph":
+        path = Path(path)
+        if not path.is_file():
+            raise GraphError(f"draft graph file {str(path)!r} does not exist")
+        try:
+            d = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise GraphError(f"draft graph file {str(path)!r} is not valid JSON: {e}") from None
+        try:
+            return cls.from_dict(d)
+        except GraphError as e:
+            raise GraphError(f"{path}: {e}") from None
+
+    # ------------------------------------------------------------------ realization
+    def realize(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext,
+                limit: int | None = None) -> list[Draft]:
+        """Block states of the (first `limit`) nodes, filled from the parent step's ranking and logits.
+
+        Duplicate states (and states equal to the root) are dropped; a dropped node's children hang
+        from the branch holding its state. Draft.node = graph node index (1-based)."""
+        if parent is None or len(parent.scored.conf) == 0:
+            return []
+        s = parent.scored
+        order = s.positions[rank(s)].tolist()  # window positions by descending confidence
+        cand_idx = {p: i for i, p in enumerate(s.positions.tolist())}
+        M = ctx.mask_id
+        states: list[torch.Tensor | None] = [root]
+        branch_of: list[int] = [0]  # node -> verification branch index
+        seen = {root.numpy().tobytes(): 0}
+        drafts: list[Draft] = []
+        nodes = self.nodes if limit is None else self.nodes[:limit]
+        for i, n in enumerate(nodes, start=1):
+            base = states[n.parent]
+            if base is None:
+                states.append(None)
+                branch_of.append(-1)
+                continue
+            avail = [p for p in order if base[p] == M]
+            st = base.clone()
+            ok = True
+            for r, v in n.pairs:
+                if r >= len(avail):
+                    ok = False
+                    break
+                p = avail[r]
+                if v == 0:
+                    st[p] = s.tokens[cand_idx[p]]
+                elif s.top is not None and v < s.top.shape[1]:
+                    st[p] = s.top[cand_idx[p], v]
+                else:
+                    ok = False
+                    break
+            if not ok:
+                states.append(None)
+                branch_of.append(-1)
+                continue
+            key = st.numpy().tobytes()
+            states.append(st)
+            if key in seen:
+                branch_of.append(seen[key])
+                continue
+            drafts.append(Draft(st, branch_of[n.parent], i))
+            seen[key] = len(drafts)
+            branch_of.append(len(drafts))
+        return drafts
+
+
+def load_graph(graph) -> DraftGraph:
+    """A DraftGraph, a dict or a path to a JSON file -> DraftGraph."""
+    if isinstance(graph, DraftGraph):
+        return graph
+    if isinstance(graph, dict):
+        return DraftGraph.from_dict(graph)
+    if isinstance(graph, (str, os.PathLike)):
+        return DraftGraph.load(graph)
+    raise GraphError(f"graph must be a path, a dict or a DraftGraph, got {type(graph).__name__}")

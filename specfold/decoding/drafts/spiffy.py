@@ -1,0 +1,71 @@
+"""Spiffy draft policy: realize a calibrated draft graph from the parent step's logits (SPEC §5).
+
+Default graphs ship in `graphs/` (JSON, one per model fingerprint and rule); `default_graph` picks the
+one calibrated for this model and rule (else another rule's graph for this model), so `DecodeParams(method="spiffy")` works on the tiny model
+without a graph argument.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from specfold.decoding.drafts import summarize
+from specfold.decoding.drafts.graph import DraftGraph, GraphError, load_graph
+from specfold.decoding.loop import BlockContext, Draft, DraftPolicy, Step
+from specfold.models.spec import ModelSpec
+from specfold.outputs import DecodeStats
+from specfold.params import DecodeParams
+
+GRAPHS = Path(__file__).resolve().parent / "graphs"
+
+
+def fingerprint(spec: ModelSpec) -> str:
+    """What a default graph is matched on: the family and the shapes decoding depends on."""
+    return (f"{spec.family}/{spec.model_type}:v{spec.vocab_size}:d{spec.hidden_size}:l{spec.num_layers}"
+            f":n{spec.block_size}:m{spec.mask_token_id}")
+
+
+def default_graph(spec: ModelSpec, rule: str, branches: int) -> DraftGraph:
+    fp = fingerprint(spec)
+    found = []
+    for f in sorted(GRAPHS.glob("*.json")):
+        try:
+            meta = json.loads(f.read_text()).get("meta", {})
+        except (json.JSONDecodeError, OSError, AttributeError):
+            continue
+        if meta.get("model") == fp:
+            found.append((meta.get("rule"), f))
+    # a graph calibrated with this rule first; another rule's graph for this model still drafts (and
+    # stays lossless), so it is the fallback
+    for r, f in sorted(found, key=lambda x: (x[0] != rule, x[0] != "threshold", str(x[1]))):
+        g = DraftGraph.load(f)
+        if len(g) >= branches:
+            return g
+    have = ", ".join(f"{r} ({f.name})" for r, f in found) or "none"
+    raise GraphError(
+        f"method 'spiffy' needs a draft graph: pass graph=PATH (or --graph PATH). No shipped default graph "
+        f"fits this model ({fp}) with {branches} branches (shipped for this model: {have}); "
+        f"make one with `specfold calibrate --model M --prompts FILE --rule {rule} --branches {branches} "
+        f"--out graph.json`")
+
+
+class Spiffy(DraftPolicy):
+    name = "spiffy"
+
+    def __init__(self, graph: DraftGraph):
+        self.graph = graph
+        self.topk = graph.topk if graph.topk > 1 else 0
+
+    def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
+        return self.graph.realize(root, parent, ctx)
+
+    def summarize(self, stats: DecodeStats) -> None:
+        summarize(stats)
+
+
+def make_policy(spec: ModelSpec, params: DecodeParams) -> Spiffy:
+    graph = default_graph(spec, params.rule, params.branches) if params.graph is None else load_graph(params.graph)
+    graph.validate(block_size=params.block_size)
+    return Spiffy(graph.first(params.branches))

@@ -1,0 +1,133 @@
+"""Draft graph files: round trip, rejection of malformed / wrong-version / mismatched graphs, defaults."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specfold import LLM, DecodeParams
+from specfold.decoding.drafts.calibrate import count_patterns, read_prompts, select
+from specfold.decoding.drafts.graph import DraftGraph, GraphError, Node, load_graph
+from specfold.errors import ConfigError
+
+GOOD = {"version": 1, "nodes": [{"parent": 0, "pairs": [[0, 0]]}, {"parent": 1, "pairs": [[0, 0], [2, 1]]},
+                                {"parent": 0, "pairs": [[1, 0]]}], "meta": {"block_size": 8, "rule": "threshold"}}
+
+
+def test_round_trip(tmp_path):
+    g = DraftGraph.from_dict(GOOD)
+    path = g.save(tmp_path / "g.json")
+    back = DraftGraph.load(path)
+    assert back.nodes == g.nodes and back.meta == g.meta and back.version == 1
+    assert json.loads(path.read_text())["version"] == 1
+    assert load_graph(str(path)).nodes == g.nodes and load_graph(GOOD).nodes == g.nodes
+    assert back.topk == 2 and len(back.first(2)) == 2
+    chain = DraftGraph.chain(3)
+    assert [n.parent for n in chain.nodes] == [0, 1, 2] and DraftGraph.from_dict(chain.to_dict()).nodes == chain.nodes
+
+
+def _bad(**change):
+    d = json.loads(json.dumps(GOOD))
+    for k, v in change.items():
+        if k == "node":
+            d["nodes"][1] = v
+        else:
+            d[k] = v
+    return d
+
+
+@pytest.mark.parametrize("d,match", [
+    (_bad(version=2), "version 2 is not supported"),
+    ({k: v for k, v in GOOD.items() if k != "version"}, "no 'version'"),
+    (_bad(nodes={"a": 1}), "must be a list"),
+    (_bad(nodes=[]), "at least one node"),
+    (_bad(node={"parent": 2, "pairs": [[0, 0]]}), "parent 2 must be an earlier node"),
+    (_bad(node={"parent": -1, "pairs": [[0, 0]]}), "parent -1"),
+    (_bad(node={"parent": "0", "pairs": [[0, 0]]}), "parent '0'"),
+    (_bad(node={"parent": 0, "pairs": []}), "at least one"),
+    (_bad(node={"parent": 0, "pairs": [[0]]}), "not \\[position rank, vocabulary rank\\]"),
+    (_bad(node={"parent": 0, "pairs": [[0, "x"]]}), "two integers"),
+    (_bad(node={"parent": 0, "pairs": [[8, 0]]}), "position rank 8 is out of range for block size 8"),
+    (_bad(node={"parent": 0, "pairs": [[0, 9]]}), "vocabulary rank 9"),
+    (_bad(node={"parent": 0, "pairs": [[1, 0], [1, 1]]}), "appears twice"),
+    (_bad(node={"parent": 0}), "expected"),
+    (_bad(nodes=[{"parent": i, "pairs": [[0, 0]]} for i in range(65)]), "at most 64"),
+    ([1, 2], "JSON object"),
+])
+def test_rejects_bad_graphs(d, match):
+    with pytest.raises(GraphError, match=match):
+        DraftGraph.from_dict(d)
+
+
+def test_rejects_bad_files(tmp_path):
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(GraphError, match="not valid JSON"):
+        DraftGraph.load(tmp_path / "x.json")
+    with pytest.raises(GraphError, match="does not exist"):
+        DraftGraph.load(tmp_path / "missing.json")
+    (tmp_path / "v.json").write_text(json.dumps(_bad(version=0)))
+    with pytest.raises(GraphError, match="v.json.*version 0"):
+        DraftGraph.load(tmp_path / "v.json")
+    assert issubclass(GraphError, ConfigError)
+    with pytest.raises(GraphError, match="has 3 nodes; branches=5"):
+        DraftGraph.from_dict(GOOD).first(5)
+
+
+def test_mismatched_graph_rejected_by_spiffy(checkpoint):
+    llm = LLM(checkpoint("qwen2", block_size=4), dtype="float64")
+    g = DraftGraph([Node(0, ((5, 0),))])  # rank 5 cannot exist in a block of 4
+    with pytest.raises(GraphError, match="out of range for block size 4"):
+        llm.generate([[1, 2, 3]], DecodeParams(method="spiffy", branches=1, graph=g, max_new_tokens=4))
+    with pytest.raises(GraphError, match="branches=3"):
+        llm.generate([[1, 2, 3]], DecodeParams(method="spiffy", branches=3, graph=DraftGraph.chain(2),
+                                               max_new_tokens=4))
+    with pytest.raises(GraphError, match="needs a draft graph.*specfold calibrate"):
+        llm.generate([[1, 2, 3]], DecodeParams(method="spiffy", max_new_tokens=4))
+
+
+def test_selection_degree1_parents_first():
+    a, b = ((0, 0),), ((1, 0),)
+    from collections import Counter
+    counts = Counter({(a,): 90, (a, a): 80, (b,): 5, (a, a, a): 70, (b, a): 5})
+    nodes, got = select(counts, 100, 3)
+    assert nodes == [Node(0, a), Node(1, a), Node(2, a)] and got == [90, 80, 70]
+    nodes, _ = select(Counter({(b,): 3}), 10, 3)  # too few patterns: completed with a FreeDave chain
+    assert nodes[0] == Node(0, b) and nodes[1:] == [Node(0, a), Node(2, a)]
+    assert count_patterns([], 95) == (Counter(), 0)
+
+
+def test_read_prompts(tmp_path):
+    (tmp_path / "p.jsonl").write_text('{"prompt": "a b"}\n{"question": "c", "answer": "d"}\n\nplain line\n')
+    assert read_prompts(tmp_path / "p.jsonl") == ["a b", "c", "plain line"]
+
+
+def test_realize_ranks_relative_to_parent_node():
+    import torch
+
+    from specfold.decoding.loop import BlockContext, Step
+    from specfold.decoding.rules import Scored
+    M = 9
+    root = torch.tensor([1, M, M, M, M])  # the parent step unmasked position 0
+    sc = Scored(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1, 2, 3, 4, 5]),
+                torch.tensor([0.9, 0.5, 0.7, 0.6, 0.1], dtype=torch.float64),
+                torch.tensor([[1, 0], [2, 7], [3, 7], [4, 7], [5, 7]]))
+    parent = Step(torch.full((5,), M), sc, root, torch.ones(5, dtype=torch.bool))
+    ctx = BlockContext(start=0, allowed=torch.ones(5, dtype=torch.bool), block_origin=0, mask_id=M, rule=None,
+                       step=1, masks_at_start=5)
+    g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 1),)), Node(0, ((0, 0),)), Node(0, ((4, 0),))])
+    d = g.realize(root, parent, ctx)
+    # ranking among root's masks: 2 (0.7), 3 (0.6), 1 (0.5), 4 (0.1)
+    assert d[0].tokens.tolist() == [1, M, 3, M, M] and d[0].parent == 0 and d[0].node == 1
+    assert d[1].tokens.tolist() == [1, M, 3, 7, M] and d[1].parent == 1  # rank 0 among node 1's masks, 2nd token
+    assert len(d) == 2  # node 3 duplicates node 1; node 4's rank 4 does not exist
+    assert g.realize(root, None, ctx) == []
+
+
+def test_selection_by_count_alone():
+    from collections import Counter
+    a, b = ((0, 0),), ((1, 1),)
+    counts = Counter({(a,): 90, (a, a): 60, (a, a, a): 20, (a, b): 2, (b,): 30})
+    deg1, _ = select(counts, 100, 3)
+    assert deg1 == [Node(0, a), Node(1, a), Node(1, b)]  # (a, b): 2 + 90 beats (a, a, a): 20 + 60
+    cnt, _ = select(counts, 100, 3, "count")
+    assert cnt == [Node(0, a), Node(1, a), Node(0, b)]
