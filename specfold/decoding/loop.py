@@ -31,7 +31,7 @@ semi-autoregressive block of candidates at a time.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -99,13 +99,6 @@ class DraftPolicy:
 
     def summarize(self, stats: DecodeStats) -> None:
         """Derive per-request statistics from the loop's counters in `stats.extra`."""
-
-
-@dataclass
-class Request:
-    prompt_ids: list[int]
-    params: DecodeParams
-    stats: DecodeStats = field(default_factory=DecodeStats)
 
 
 class Decoder:
