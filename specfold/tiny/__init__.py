@@ -1,0 +1,1 @@
+"""The embedded tiny block-diffusion model: data generator, tokenizer, training (see README.md)."""

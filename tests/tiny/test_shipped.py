@@ -1,0 +1,30 @@
+"""The shipped tiny model: loads through LLM("tiny") from the package and decodes held-out problems."""
+from pathlib import Path
+
+import pytest
+
+from specfold.tiny import data as D
+
+MODEL_DIR = Path(D.__file__).resolve().parent / "model"
+pytestmark = pytest.mark.skipif(not (MODEL_DIR / "model.safetensors").is_file(),
+                                reason="no shipped tiny model (specfold/tiny/model/) yet")
+
+
+def test_shipped_files_small_enough():
+    assert sum(f.stat().st_size for f in MODEL_DIR.iterdir()) <= 25 * 2**20
+
+
+def test_llm_tiny_decodes_heldout_static_deterministic():
+    from specfold import LLM, DecodeParams
+    from specfold.api import tiny_path
+
+    llm = LLM("tiny", dtype="float32")
+    assert Path(llm.path).resolve() == Path(str(tiny_path())).resolve()
+    held = D.load_jsonl(Path(llm.path) / "heldout.jsonl")[:5]
+    params = DecodeParams(chat_template=True, rule="static", tokens_per_step=1, max_new_tokens=64)
+    outs = llm.generate([p["question"] for p in held], params)
+    again = llm.generate([held[0]["question"]], params)
+    assert again[0].token_ids == outs[0].token_ids
+    right = [D.final_answer(o.text) == D.final_answer(p["answer"]) for p, o in zip(held, outs)]
+    assert sum(right) >= 3, [o.text for o in outs]
+    assert all("####" in o.text for o in outs)
