@@ -28,3 +28,25 @@ def test_llm_tiny_decodes_heldout_static_deterministic():
     right = [D.final_answer(o.text) == D.final_answer(p["answer"]) for p, o in zip(held, outs)]
     assert sum(right) >= 3, [o.text for o in outs]
     assert all("####" in o.text for o in outs)
+
+
+def test_tiny_loads_from_an_installed_wheel(tmp_path):
+    """Build the wheel, install it into a folder outside the source tree and load LLM("tiny") from
+    there in a fresh process: the model files travel as package data, not as a source-tree path."""
+    import subprocess
+    import sys
+
+    root = MODEL_DIR.parents[2]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "w"), str(root)],
+                   check=True, capture_output=True)
+    wheel = next((tmp_path / "w").glob("specfold-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(tmp_path / "site"),
+                    str(wheel)], check=True, capture_output=True)
+    code = ("import specfold, json; from specfold import LLM; llm = LLM('tiny'); "
+            "print(json.dumps([specfold.__file__, str(llm.path)]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    import json
+    pkg, model = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pkg.startswith(str(tmp_path / "site")) and model.startswith(str(tmp_path / "site"))
