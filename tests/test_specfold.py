@@ -60,3 +60,28 @@ def test_specfold_delta_zero_is_lossless(checkpoint, drafts, rule, shift):
         assert sf.stats.nfe <= van.stats.nfe
         assert "fold_ratio" in sf.stats.extra and 0.0 <= sf.stats.extra["fold_ratio"] <= 1.0
         assert len(sf.stats.extra["fold_ratio_per_layer"]) == llm.spec.num_layers
+
+
+def test_tiny_accuracy_at_delta_0_1_within_one_point():
+    """On the tiny model's held-out problems SpecFold at δ = 0.1 keeps vanilla's accuracy (±1 point)."""
+    import json
+    from pathlib import Path
+
+    from specfold.api import tiny_path
+    try:
+        path = tiny_path()
+    except Exception:
+        pytest.skip("no shipped tiny model")
+    rows = [json.loads(x) for x in (Path(path) / "heldout.jsonl").read_text().splitlines()[:100]]
+    llm = LLM("tiny")
+    qs = [r["question"] for r in rows]
+
+    def acc(outs):
+        return sum(o.text.rsplit("####", 1)[-1].strip() == r["answer"].rsplit("####", 1)[-1].strip()
+                   for o, r in zip(outs, rows)) / len(rows)
+
+    van = llm.generate(qs, DecodeParams(chat_template=True, max_new_tokens=96))
+    sf = llm.generate(qs, DecodeParams(method="specfold", delta=0.1, chat_template=True, max_new_tokens=96))
+    assert abs(acc(sf) - acc(van)) <= 0.01 + 1e-9
+    assert sum(o.stats.nfe for o in sf) < sum(o.stats.nfe for o in van)  # drafts are accepted
+    assert sum(o.stats.extra["fold_ratio"] for o in sf) / len(sf) > 0.2  # and positions really fold

@@ -140,8 +140,7 @@ class Decoder:
                 generator: torch.Generator | None) -> torch.Tensor:
         """Advance one block until no allowed mask is left. `gen_lo` = window index of the first
         generated position (for early stop)."""
-        p, shift = self.p, 1 if self.spec.logits_shift else 0
-        N = len(state)
+        p = self.p
         if not self.eager:
             self._store, self._origin = {}, ctx.start
         store = self._store
@@ -164,57 +163,7 @@ class Decoder:
                     hits[node] = hits.get(node, 0) + 1
                 self.policy.on_advance(True, node)
             else:
-                extra = self._extra_blocks(int(masked.sum()), ctx, N)
-                W = N * (1 + extra)
-                wpos, wmask = positions, mask
-                ctx.width, ctx.window_allowed = W, ctx.allowed
-                if extra:
-                    wpos = torch.arange(ctx.start, ctx.start + W)
-                    wmask = window_mask(self.spec.attention, wpos, N, self._align_origin)
-                    ctx.window_allowed = torch.cat([ctx.allowed, wpos[N:] < self._limit])
-                t0 = time.perf_counter()
-                drafts = self.policy.drafts(state, parent, ctx)
-                t1 = time.perf_counter()
-                branches = [self._pad(state, W)] + [self._pad(d.tokens, W) for d in drafts]
-                regions = [self._regions(b, ctx, N, extra) for b in branches]  # per branch: [parts] of [W] bool
-                union = torch.stack([r for parts in regions for r in parts]).any(0).nonzero()[:, 0]
-                kw = {"return_hidden": True} if self.eager and getattr(self.verifier, "returns_hidden", False) else {}
-                out = self.verifier(torch.stack(branches), [-1] + [d.parent for d in drafts], wpos,
-                                    cache, wmask, union - shift, **kw)
-                hidden = None
-                if kw:
-                    out, hidden = out
-                t2 = time.perf_counter()
-                stats.nfe += 1
-                stats.verify_forwards += 1
-                ex["draft_seconds"] = ex.get("draft_seconds", 0.0) + (t1 - t0)
-                ex["model_seconds"] = ex.get("model_seconds", 0.0) + (t2 - t1)
-                ex["drafts_verified"] = ex.get("drafts_verified", 0) + len(drafts)
-                if drafts:
-                    seen = ex.setdefault("node_drafts", {})
-                    for d in drafts:
-                        seen[d.node] = seen.get(d.node, 0) + 1
-                if extra:
-                    ex["eager_windows"] = ex.get("eager_windows", 0) + 1
-                store.clear()  # keep only the newest batch: bounded memory
-                self._origin = ctx.start
-                self._last = (torch.stack(branches), hidden, ctx.start) if hidden is not None else None
-                lookup = {int(u): i for i, u in enumerate(union.tolist())}
-                for b, (toks, parts) in enumerate(zip(branches, regions)):
-                    node = -1 if b == 0 else drafts[b - 1].node
-                    for j in range(1 + extra):
-                        # block j's logits are exact only if every earlier block of the window is complete
-                        if j > 0 and bool((toks[: j * N] == self.M).any()):
-                            break
-                        pos_b = parts[j].nonzero()[:, 0]
-                        rows = torch.tensor([lookup[int(x)] for x in pos_b.tolist()], dtype=torch.long)
-                        apos = alog = None
-                        if j < extra:
-                            apos = torch.stack(parts[j + 1:]).any(0).nonzero()[:, 0]
-                            arows = torch.tensor([lookup[int(x)] for x in apos.tolist()], dtype=torch.long)
-                            apos, alog = apos - j * N, out[b, arows]
-                        store.setdefault((ctx.start + j * N, toks[: (j + 1) * N].numpy().tobytes()),
-                                         (pos_b - j * N, out[b, rows], node, apos, alog))
+                self._verify_and_store(state, parent, ctx, positions, cache, mask, int(masked.sum()), stats)
                 pos, logits, _, apos, alogits = store[(ctx.start, state.numpy().tobytes())]
                 self.policy.on_advance(False, -1)
             scored = score(logits, pos, self.M, self.p.confidence, p.temperature, generator, self.policy.topk)
@@ -227,6 +176,64 @@ class Decoder:
             state = nxt
             ctx.step += 1
         return state
+
+    def _verify_and_store(self, state: torch.Tensor, parent: Step | None, ctx: BlockContext,
+                          positions: torch.Tensor, cache, mask: torch.Tensor | None, masked: int,
+                          stats: DecodeStats) -> None:
+        """One verification (1 NFE): [root] + drafts in one batched forward over the window (the block,
+        or the block and later blocks in eager mode); store every branch state's logits."""
+        shift, N, ex, store = (1 if self.spec.logits_shift else 0), len(state), stats.extra, self._store
+        extra = self._extra_blocks(masked, ctx, N)
+        W = N * (1 + extra)
+        wpos, wmask = positions, mask
+        ctx.width, ctx.window_allowed = W, ctx.allowed
+        if extra:
+            wpos = torch.arange(ctx.start, ctx.start + W)
+            wmask = window_mask(self.spec.attention, wpos, N, self._align_origin)
+            ctx.window_allowed = torch.cat([ctx.allowed, wpos[N:] < self._limit])
+        t0 = time.perf_counter()
+        drafts = self.policy.drafts(state, parent, ctx)
+        t1 = time.perf_counter()
+        branches = [self._pad(state, W)] + [self._pad(d.tokens, W) for d in drafts]
+        regions = [self._regions(b, ctx, N, extra) for b in branches]  # per branch: [parts] of [W] bool
+        union = torch.stack([r for parts in regions for r in parts]).any(0).nonzero()[:, 0]
+        kw = {"return_hidden": True} if self.eager and getattr(self.verifier, "returns_hidden", False) else {}
+        out = self.verifier(torch.stack(branches), [-1] + [d.parent for d in drafts], wpos,
+                            cache, wmask, union - shift, **kw)
+        hidden = None
+        if kw:
+            out, hidden = out
+        t2 = time.perf_counter()
+        stats.nfe += 1
+        stats.verify_forwards += 1
+        ex["draft_seconds"] = ex.get("draft_seconds", 0.0) + (t1 - t0)
+        ex["model_seconds"] = ex.get("model_seconds", 0.0) + (t2 - t1)
+        ex["drafts_verified"] = ex.get("drafts_verified", 0) + len(drafts)
+        if drafts:
+            seen = ex.setdefault("node_drafts", {})
+            for d in drafts:
+                seen[d.node] = seen.get(d.node, 0) + 1
+        if extra:
+            ex["eager_windows"] = ex.get("eager_windows", 0) + 1
+        store.clear()  # keep only the newest batch: bounded memory
+        self._origin = ctx.start
+        self._last = (torch.stack(branches), hidden, ctx.start) if hidden is not None else None
+        lookup = {int(u): i for i, u in enumerate(union.tolist())}
+        for b, (toks, parts) in enumerate(zip(branches, regions)):
+            node = -1 if b == 0 else drafts[b - 1].node
+            for j in range(1 + extra):
+                # block j's logits are exact only if every earlier block of the window is complete
+                if j > 0 and bool((toks[: j * N] == self.M).any()):
+                    break
+                pos_b = parts[j].nonzero()[:, 0]
+                rows = torch.tensor([lookup[int(x)] for x in pos_b.tolist()], dtype=torch.long)
+                apos = alog = None
+                if j < extra:
+                    apos = torch.stack(parts[j + 1:]).any(0).nonzero()[:, 0]
+                    arows = torch.tensor([lookup[int(x)] for x in apos.tolist()], dtype=torch.long)
+                    apos, alog = apos - j * N, out[b, arows]
+                store.setdefault((ctx.start + j * N, toks[: (j + 1) * N].numpy().tobytes()),
+                                 (pos_b - j * N, out[b, rows], node, apos, alog))
 
     # ---------------------------------------------------------------- eager windows
     def _key(self, start: int, state: torch.Tensor) -> tuple[int, bytes]:
