@@ -36,6 +36,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rules", nargs="*", default=list(RULES), help=f"subset of {list(RULES)}")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--quality", default=None,
+                    help="also write the quality record that `specfold bench` is tested against "
+                         "(specfold/tiny/model/quality.json)")
     ap.add_argument("--show", type=int, default=0, help="print this many wrong answers per rule")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -47,6 +50,7 @@ def main() -> None:
     problems = load_jsonl(folder / "heldout.jsonl")[: a.limit]
     questions = [p["question"] for p in problems]
     results = {"model": str(folder), "problems": len(problems), "threads": a.threads, "rules": {}}
+    quality = {}
     print(f"model {folder}  held-out problems {len(problems)}  threads {a.threads}")
     print(f"{'rule':<26}{'accuracy':>9}{'format':>8}{'NFE':>8}{'denoise':>9}{'tok/fwd':>9}"
           f"{'tok/denoise':>12}{'tok/s':>8}")
@@ -71,6 +75,10 @@ def main() -> None:
                  tokens_per_denoising_forward=toks / max(den, 1), tokens_per_second=toks / secs,
                  seconds=secs)
         results["rules"][name] = r
+        quality[f"vanilla_{RULES[name]['rule']}"] = dict(
+            RULES[name], accuracy=r["accuracy"], n=len(problems), max_new_tokens=a.max_new_tokens,
+            tokens_per_forward=r["tokens_per_forward"],
+            correct=[final_answer(o.text) == final_answer(p["answer"]) for p, o in zip(problems, outs)])
         print(f"{name:<26}{r['accuracy']:>9.3f}{r['format_rate']:>8.3f}{nfe:>8}{den:>9}"
               f"{r['tokens_per_forward']:>9.2f}{r['tokens_per_denoising_forward']:>12.2f}"
               f"{r['tokens_per_second']:>8.1f}", flush=True)
@@ -78,6 +86,8 @@ def main() -> None:
             print(f"  Q: {p['question']}\n  expected: {p['answer']!r}\n  got:      {text!r}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2) + "\n")
+    if a.quality:
+        Path(a.quality).write_text(json.dumps(quality) + "\n")
 
 
 if __name__ == "__main__":
