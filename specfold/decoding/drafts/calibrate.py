@@ -189,7 +189,7 @@ def register(subparsers) -> None:
 
 
 def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 16, out_dir: str | Path | None = None) -> list[Path]:
-    """(Re)make the shipped default graphs of the tiny model: threshold and sub_block rules, calibrated
+    """(Re)make the shipped default graphs of the tiny model: threshold, sub_block and static rules, calibrated
     on `n` fresh problems of the tiny task (a stream disjoint from the held-out set) through the chat
     template. `python -m specfold.decoding.drafts.calibrate [MODEL_DIR]`."""
     import random
@@ -210,10 +210,10 @@ def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 16, out_dir:
             prompts.append(q)
     out_dir = Path(out_dir or GRAPHS)
     written = []
-    for rule in ("threshold", "sub_block"):
-        p = DecodeParams(rule=rule, threshold=0.9, chat_template=True, max_new_tokens=128)
+    for rule in ("threshold", "sub_block", "static"):
+        p = DecodeParams(rule=rule, threshold=0.9, tokens_per_step=1, chat_template=True, max_new_tokens=128)
         g = calibrate(llm, prompts, p, branches)
-        g.meta["source"] = f"tiny_defaults(n={n}): fresh tiny-task problems, chat template, threshold 0.9"
+        g.meta["source"] = f"tiny_defaults(n={n}): fresh tiny-task problems, chat template, threshold 0.9 / static k=1"
         written.append(g.save(out_dir / f"tiny_{rule}.json"))
     return written
 
