@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/specfold demo
+	$(BIN)/specfold demo --n 3 --methods vanilla,freedave,spiffy,specfold --rule static
+	$(BIN)/specfold demo --n 3 --methods vanilla
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests

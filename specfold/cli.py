@@ -107,19 +107,27 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    """Run held-out problems of the tiny model's task through the embedded model."""
+    """Run held-out problems of the tiny model's task through the embedded model, per method."""
     from specfold.api import LLM, tiny_path
     from specfold.params import DecodeParams
     llm = LLM("tiny")
     rows = [json.loads(line) for line in (tiny_path() / "heldout.jsonl").read_text().splitlines()[: a.n]]
+    summary = []
     for method in a.methods.split(","):
-        params = DecodeParams(method=method, chat_template=True, max_new_tokens=a.max_new_tokens)
-        for row in rows:
-            out = llm.generate([row["question"]], params)[0]
+        params = DecodeParams(method=method, rule=a.rule, chat_template=True, max_new_tokens=a.max_new_tokens)
+        outs = llm.generate([r["question"] for r in rows], params)
+        right = 0
+        for row, out in zip(rows, outs):
             want = row["answer"].rsplit("####", 1)[-1].strip()
             got = out.text.rsplit("####", 1)[-1].strip() if "####" in out.text else "?"
+            right += got == want
             print(f"--- [{method}] {row['question']}\n{out.text}\n{stats_line(out.stats)} "
                   f"answer {got} (expected {want}: {'correct' if got == want else 'wrong'})")
+        nfe, toks = sum(o.stats.nfe for o in outs), sum(o.stats.tokens for o in outs)
+        secs = sum(o.stats.seconds for o in outs)
+        summary.append(f"{method:>9}: {right}/{len(rows)} correct, {nfe} forwards, "
+                       f"{toks / max(nfe, 1):.2f} tokens/forward, {toks / secs:.0f} tokens/s")
+    print("\n" + "\n".join(summary))
     return 0
 
 
@@ -148,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="held-out problems through the embedded tiny model")
     d.add_argument("--n", type=int, default=3)
     d.add_argument("--methods", default="vanilla")
+    d.add_argument("--rule", choices=RULES, default=None, help="unmask rule (default: the model's)")
     d.add_argument("--max-new-tokens", type=int, default=128)
     d.set_defaults(func=cmd_demo)
     for name, module, help_ in _PLUGINS:
