@@ -80,8 +80,11 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
         return sum(o.text.rsplit("####", 1)[-1].strip() == r["answer"].rsplit("####", 1)[-1].strip()
                    for o, r in zip(outs, rows)) / len(rows)
 
-    van = llm.generate(qs, DecodeParams(chat_template=True, max_new_tokens=96))
-    sf = llm.generate(qs, DecodeParams(method="specfold", delta=0.1, chat_template=True, max_new_tokens=96))
+    # the static rule: the tiny model's drafts are accepted there (at its default threshold rule it
+    # decodes most of a sub-block per forward and leaves little to draft, see BENCHMARKS.md)
+    base = dict(rule="static", tokens_per_step=1, chat_template=True, max_new_tokens=96)
+    van = llm.generate(qs, DecodeParams(**base))
+    sf = llm.generate(qs, DecodeParams(method="specfold", delta=0.1, **base))
     assert abs(acc(sf) - acc(van)) <= 0.01 + 1e-9
     assert sum(o.stats.nfe for o in sf) < sum(o.stats.nfe for o in van)  # drafts are accepted
     assert sum(o.stats.extra["fold_ratio"] for o in sf) / len(sf) > 0.2  # and positions really fold
