@@ -53,6 +53,13 @@ class Task(ABC):
     def score(self, sample: Sample, completion: str) -> dict[str, Any]:
         """Score one completion; at least {"correct": bool}."""
 
+    def records(self, data: str | None, candidates: list[str], hf: Callable,
+                fallback: Path | None = None) -> list[dict[str, Any]]:
+        """The benchmark's raw records: a local file (`data`, or one of `candidates` inside the folder
+        `data`), else `fallback` (a packaged copy), else HF `datasets` through `hf(load_dataset)`."""
+        path = find_file(self.name, data, candidates) or fallback
+        return read_records(path) if path is not None else from_hf(self.name, hf)
+
     def aggregate(self, scores: list[dict[str, Any]]) -> dict[str, float]:
         """Headline metrics over many score dicts (default: accuracy = mean of `correct`)."""
         n = len(scores)

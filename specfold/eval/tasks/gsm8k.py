@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.eval.numeric import extract_number, format_number, numbers_equal
-from specfold.eval.tasks.base import DataError, Sample, Task, find_file, from_hf, read_records, take
+from specfold.eval.tasks.base import DataError, Sample, Task, take
 
 PROMPT = (
     "Solve the following math problem step by step. The last line of your response should be "
@@ -41,11 +41,8 @@ class GSM8K(Task):
     name = "gsm8k"
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
-        path = find_file(self.name, data, ["gsm8k/test.jsonl", "test.jsonl"])
-        if path is not None:
-            recs = read_records(path)
-        else:
-            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld("openai/gsm8k", "main", split="test")])
+        recs = self.records(data, ["gsm8k/test.jsonl", "test.jsonl"],
+                            lambda ld: [dict(r) for r in ld("openai/gsm8k", "main", split="test")])
         return take(qa_samples(recs, self.name, PROMPT), limit)
 
     def score(self, sample: Sample, completion: str) -> dict[str, Any]:

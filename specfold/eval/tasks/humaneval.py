@@ -13,7 +13,7 @@ from typing import Any
 
 from specfold.eval.code_extract import defines, extract_code
 from specfold.eval.sandbox import Limits, run_program
-from specfold.eval.tasks.base import DataError, Sample, Task, find_file, from_hf, read_records, take
+from specfold.eval.tasks.base import DataError, Sample, Task, take
 
 PROMPT = (
     "Complete the following Python function. Write the complete function, including its "
@@ -52,13 +52,10 @@ class HumanEval(Task):
         self.limits = limits or Limits(timeout_s=10.0)
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
-        path = find_file(self.name, data, ["HumanEval.jsonl.gz", "HumanEval.jsonl",
-                                           "humaneval/HumanEval.jsonl.gz", "humaneval/HumanEval.jsonl"])
-        path = path or packaged_path()
-        if path is not None:
-            recs = read_records(path)
-        else:
-            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld("openai/openai_humaneval", split="test")])
+        recs = self.records(data, ["HumanEval.jsonl.gz", "HumanEval.jsonl", "humaneval/HumanEval.jsonl.gz",
+                                   "humaneval/HumanEval.jsonl"],
+                            lambda ld: [dict(r) for r in ld("openai/openai_humaneval", split="test")],
+                            fallback=packaged_path())
         for r in recs:
             if not {"task_id", "prompt", "test", "entry_point"} <= r.keys():
                 raise DataError(f"humaneval: record lacks task_id/prompt/test/entry_point: {list(r)}")

@@ -10,18 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.eval.instructions import CHECKERS, follows
-from specfold.eval.tasks.base import DataError, Sample, Task, find_file, from_hf, read_records, take
+from specfold.eval.tasks.base import DataError, Sample, Task, take
 
 
 class IFEval(Task):
     name = "ifeval"
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
-        path = find_file(self.name, data, ["ifeval/input_data.jsonl", "input_data.jsonl"])
-        if path is not None:
-            recs = read_records(path)
-        else:
-            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld("google/IFEval", split="train")])
+        recs = self.records(data, ["ifeval/input_data.jsonl", "input_data.jsonl"],
+                            lambda ld: [dict(r) for r in ld("google/IFEval", split="train")])
         samples = []
         for r in recs:
             ids, kws = list(r["instruction_id_list"]), [dict(k) for k in r["kwargs"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specfold.eval.math_equiv import is_equiv, last_boxed
-from specfold.eval.tasks.base import Sample, Task, find_file, from_hf, read_records, take
+from specfold.eval.tasks.base import Sample, Task, take
 
 PROMPT = "{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
 
@@ -18,11 +18,8 @@ class MATH500(Task):
     name = "math500"
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
-        path = find_file(self.name, data, ["math500/test.jsonl", "test.jsonl"])
-        if path is not None:
-            recs = read_records(path)
-        else:
-            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld("HuggingFaceH4/MATH-500", split="test")])
+        recs = self.records(data, ["math500/test.jsonl", "test.jsonl"],
+                            lambda ld: [dict(r) for r in ld("HuggingFaceH4/MATH-500", split="test")])
         samples = [
             Sample(id=r.get("unique_id", f"{self.name}/{i}"), prompt=PROMPT.format(problem=r["problem"]),
                    reference={"answer": r["answer"], "subject": r.get("subject"), "level": r.get("level")})

@@ -13,7 +13,7 @@ from typing import Any
 
 from specfold.eval.code_extract import extract_code
 from specfold.eval.sandbox import Limits
-from specfold.eval.tasks.base import DataError, Sample, Task, find_file, from_hf, read_records, take
+from specfold.eval.tasks.base import DataError, Sample, Task, take
 from specfold.eval.tasks.humaneval import run_verdict
 
 TEST_IDS = range(11, 511)
@@ -49,12 +49,8 @@ class MBPP(Task):
         self.limits = limits or Limits(timeout_s=10.0)
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
-        path = find_file(self.name, data, self.candidates)
-        if path is not None:
-            recs = read_records(path)
-        else:
-            recs = from_hf(self.name, lambda ld: [dict(r) for r in ld(
-                "google-research-datasets/mbpp", self.hf_config, split="test")])
+        recs = self.records(data, self.candidates, lambda ld: [dict(r) for r in ld(
+            "google-research-datasets/mbpp", self.hf_config, split="test")])
         samples = []
         for r in recs:
             if "task_id" not in r or "test_list" not in r:
