@@ -108,7 +108,8 @@ class Decoder:
         self.policy, self.verifier = policy, verifier
         self.rule = make_rule(params)
         self.M = spec.mask_token_id
-        self.stop = torch.tensor(sorted(set(spec.stop_token_ids)), dtype=torch.long)
+        self.stop_ids = set(spec.stop_token_ids)
+        self.stop = torch.tensor(sorted(self.stop_ids), dtype=torch.long)
         # eager windows reach into later blocks: block-causal, absolutely aligned families only
         self.eager = bool(params.eager) and spec.attention == "block_causal" and spec.uses_cache
         self._store: dict = {}  # (block start, tokens from `_origin` through the block) -> logits
@@ -350,7 +351,7 @@ class Decoder:
             state = self.denoise(state, ctx, positions, cache, mask, n_prompt, stats, generator)
             block_gen = state[n_prompt: int(allowed.sum()) + n_prompt].tolist()
             generated.extend(block_gen)
-            if any(t in self.stop.tolist() for t in block_gen) or start + N >= limit:
+            if not self.stop_ids.isdisjoint(block_gen) or start + N >= limit:
                 break
             self._seq[start: start + N] = state
             if self.eager:
@@ -398,7 +399,7 @@ class Decoder:
                 generated = self.run_canvas(prompt, stats, generator)
         stats.seconds = time.perf_counter() - t0
         self.policy.summarize(stats)
-        stop = set(self.stop.tolist())
+        stop = self.stop_ids
         cut = next((i for i, t in enumerate(generated) if t in stop), None)
         finish = "stop" if cut is not None else "length"
         out = generated[:cut] if cut is not None else generated[: self.p.max_new_tokens]

@@ -20,6 +20,14 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | os.PathLike) -> Path:
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
 def plot_accuracy_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
     plt = _pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
@@ -34,11 +42,7 @@ def plot_accuracy_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike)
         ax.set_xlabel("tokens/s")
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
@@ -62,11 +66,7 @@ def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
     ax.set_ylabel("tokens/s gain over vanilla")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def write_plots(rows: Sequence[dict[str, Any]], folder: str | os.PathLike) -> list[Path]:

@@ -96,7 +96,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     files = weight_files(path)
     with torch.device("meta"):
         model = Transformer(spec)
-    if any("lm_head.weight" == n for n in _names(files)) and spec.weight_layout == "nemotron":
+    if spec.weight_layout == "nemotron" and "lm_head.weight" in _names(files):  # optional causal head
         model.ar_head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device="meta")
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: dict[str, torch.Tensor] = {}
@@ -131,6 +131,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     model.load_state_dict(loaded, strict=False, assign=True)
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
+    # the rope tables were built under the meta device with the modules: rebuild them for real
     model.rope = type(model.rope)(spec.head_dim, spec.rope_theta, spec.rope_scaling,
                                   spec.max_position_embeddings)
     model.eval().requires_grad_(False)
