@@ -1,0 +1,47 @@
+"""`Forward`: one model call a request asks the engine for (the seam between decoding and the engine).
+
+A request's decoding logic never calls the model itself: it says what forward it needs now, as a
+`Forward`, and receives a `ForwardResult`. The engine gathers the `Forward`s of every running request
+and runs them in one packed model call (position-wise work over all rows, attention per request
+against its own prefix cache). A `Forward` only ever refers to its own request's cache.
+
+Invariants:
+- `tokens` [B, T] are B branches of one window of T positions that all share `cache`'s prefix;
+- `mask` [T, T] (query x key, True = may attend) restricts attention inside the window; None = full;
+- `write_cache=True` needs B == 1 and appends the window's K/V to `cache` after the forward;
+- `logits_at` (window indices) selects where the head runs; None = every position;
+- `parents[b]` is branch b's parent inside the batch (-1 for the root): verifiers that fold use it;
+- `kind` is only for statistics and scheduling ("prefill", "verify", "commit", "draft").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specfold.models.cache import PrefixCache
+
+
+@dataclass(slots=True)
+class Forward:
+    tokens: torch.Tensor  # [B, T] long, on the model's device
+    positions: torch.Tensor  # [T] long, absolute positions
+    cache: PrefixCache | None = None
+    mask: torch.Tensor | None = None  # [T, T] bool
+    write_cache: bool = False
+    logits_at: torch.Tensor | None = None  # [K] long window indices
+    head: str = "lm"  # "lm" | "ar" (Nemotron-Labs-Diffusion's causal head where shipped)
+    parents: list[int] = field(default_factory=list)
+    return_hidden: bool = False
+    kind: str = "verify"
+
+    @property
+    def rows(self) -> int:
+        """Token rows this forward costs (scheduling budget)."""
+        return int(self.tokens.shape[0] * self.tokens.shape[1])
+
+
+@dataclass(slots=True)
+class ForwardResult:
+    logits: torch.Tensor  # [B, K, V]
+    hidden: list[torch.Tensor] | None = None  # per-layer inputs [B, T, d] + final, when asked
