@@ -9,7 +9,7 @@ Closed loop, in process: `c` clients each keep one request in the engine (a fini
 replaced at once by the next prompt) until `max(requests, c)` requests are done. Latency = add to
 finish (queueing included). Modes:
 - sequential: `max_num_seqs=1`, the other c-1 requests wait (the pre-engine behaviour: one request
-  at a time behind a lock);
+  at a time behind a lock); run up to `--max-sequential` clients (beyond, only the queue grows);
 - batched: `max_num_seqs=c`, drafts as configured (fixed);
 - adaptive: batched with `adaptive_drafts=True` (speculative methods only).
 The token match rate compares every request's tokens with the sequential run's (float32/bf16
@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--draft-rows", type=int, default=256)
     ap.add_argument("--graph", default=None)
+    ap.add_argument("--max-sequential", type=int, default=16,
+                    help="run the sequential mode up to this concurrency (beyond: the same service, more queueing)")
     ap.add_argument("--rule", default=None, help="unmask rule (default: the model's; static = k=1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_load.json"))
@@ -118,19 +120,21 @@ def main(argv=None) -> int:
     concs = [int(x) for x in a.concurrency.split(",")]
     ps_all = prompts(llm, max([a.requests] + concs))
     rows = []
+    refs: dict = {}
     for method in a.methods.split(","):
         cfg, note = config_for(llm, method, a.graph, a.rule)
         for c in concs:
             ps = ps_all[: max(a.requests, c)]
-            modes = [("sequential", cfg.replace(max_num_seqs=1)), ("batched", cfg.replace(max_num_seqs=c))]
+            modes = [("batched", cfg.replace(max_num_seqs=c))]
+            if c <= a.max_sequential:
+                modes.insert(0, ("sequential", cfg.replace(max_num_seqs=1)))
             if method != "vanilla":
                 modes.append(("adaptive", cfg.replace(max_num_seqs=c, adaptive_drafts=True, draft_rows=a.draft_rows)))
-            ref = None
             for mode, mc in modes:
                 r = run(llm, mc, ps, c, a.max_new_tokens)
                 ids = r.pop("ids")
-                ref = ref or ids
-                r["token_match"] = sum(ids[i] == ref[i] for i in ref) / len(ref)
+                ref = refs.setdefault(method, ids)  # the first run (c=1, one request at a time)
+                r["token_match"] = sum(ids[i] == ref[i] for i in ids if i in ref) / sum(1 for i in ids if i in ref)
                 rows.append(dict(method=method, concurrency=c, mode=mode, note=note, **r))
                 print(f"{method:>9} c={c:<3} {mode:>10}: {r['tokens_per_s']:7.1f} tok/s  p50 {r['p50_s']:.3f} s  "
                       f"p95 {r['p95_s']:.3f} s  {r['tokens_per_forward']:.2f} tok/fwd  "

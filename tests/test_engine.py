@@ -282,4 +282,6 @@ def test_request_params_errors(checkpoint):
         eng.add_request([1, 2], SamplingParams(stop=["a"]))
     with pytest.raises(ParamsError, match="eager=True does not combine with method 'specfold'"):
         DecodeParams(method="specfold", eager=True)
+    with pytest.raises(ParamsError, match="unknown engine setting.*bogus"):
+        LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, **FAMILIES["bc"]), bogus=1)
     assert not eng.has_unfinished()
