@@ -209,6 +209,13 @@ def packed_fold_layer(
         if n_rec == s.size:                                                        # nothing folded here
             attn[t0:t1] = dense_attention(qs.view(s.B1, s.N, Hq, D), ks.view(s.B1, s.N, -1, D),
                                           vs.view(s.B1, s.N, -1, D), pk, pv, s.mask, scale).view(s.size, Hq, D)
+        elif not _use_correction(be, s.size - n_rec, pk.shape[1], Hq * D):
+            # short prefix: every row's attention directly, folded rows with their source's q over
+            # their own branch's K/V (the same result as the correction, in fewer, larger ops)
+            flat = kv_row[t0:t1] - r0
+            attn[t0:t1] = dense_attention(qs[flat].view(s.B1, s.N, Hq, D), ks[flat].view(s.B1, s.N, -1, D),
+                                          vs[flat].view(s.B1, s.N, -1, D), pk, pv, s.mask,
+                                          scale).view(s.size, Hq, D)
         else:
             mask = s.mask if s.mask is not None else _full_mask(s.N, X.device)
             rows_s = rows[r0:r1] - t0
@@ -236,6 +243,19 @@ def packed_fold_layer(
         X_out = X_mid + be.packed_ffn(X_mid[None], rows, w)[kv_row]
     return X_out, [LayerFoldStats(s.size - r, s.size - s.N, r, s.size - r2)
                    for s, r, r2 in zip(plan.segments, per_seg, per_seg2)]
+
+
+# The torch backend computes folded rows' attention directly (dense over the row's own branch, with
+# the inherited q) unless the prefix work the correction saves, folded rows x prefix x Hq*D
+# multiply-adds, exceeds this; below it the correction's extra small ops cost more than they save
+# on a CPU. The triton backend always corrects. `fold_pack.CORRECTION_MIN_MACS = 0` forces it.
+CORRECTION_MIN_MACS = 5_000_000
+
+
+def _use_correction(be: ModuleType, folded: int, prefix: int, width: int) -> bool:
+    if be.__name__.endswith("fold_triton"):
+        return True
+    return folded * prefix * width >= CORRECTION_MIN_MACS
 
 
 _MASKS: dict = {}
