@@ -146,6 +146,8 @@ def test_verify_many_equals_each_forward_alone(checkpoint, monkeypatch, kind, at
             ref = alone(f.tokens, f.parents, f.positions, f.cache, f.mask, at)
             assert r.logits.shape == ref.shape
             assert (r.logits - ref).abs().max().item() <= 1e-12
+            if getattr(r, "stats", None) is not None:  # the engine's ForwardResult carries them too
+                assert r.stats == st.counts()
             if f.tokens.shape[0] > 1:  # per-forward statistics are that forward's own
                 assert st.folded == alone.totals.folded and st.ffn_folded == alone.totals.ffn_folded
             else:

@@ -13,8 +13,10 @@ Two entry points:
   (`Forward.parents`), never across forwards; the position-wise work (norms, fused QKV, o_proj, FFN,
   head) runs over the rows of all forwards at once, attention per forward over its own prefix cache
   and window mask. Statistics per forward, in the same order, are left in `self.last_stats`
-  (`list[FoldStats]`): the engine adds `last_stats[i]` to request i's counters (`FoldStats.add`,
-  `FoldStats.report()`). `verify_many` does not touch the running totals.
+  (`list[FoldStats]`) and, where `ForwardResult` has a `stats` field, in `result.stats` as
+  `FoldStats.counts()` (per-layer count lists): the engine adds them to request i's counters
+  (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
+  draft position was verified). `verify_many` does not touch the running totals.
 
 Invariants: the prefix cache is read through zero-copy views; the root branch always recomputes;
 `parents[b]` is branch b's parent inside the batch (-1 for the root); the index structures of a
@@ -47,6 +49,18 @@ class FoldStats:
     @classmethod
     def zeros(cls, layers: int) -> "FoldStats":
         return cls([0] * layers, [0] * layers, [0] * layers)
+
+    @classmethod
+    def from_counts(cls, counts: dict) -> "FoldStats":
+        """From the per-layer count lists of `counts()` (the `ForwardResult.stats` dict)."""
+        return cls(list(counts["folded"]), list(counts["positions"]), list(counts["ffn_folded"]),
+                   counts.get("verifications", 0), counts.get("root_only", 0))
+
+    def counts(self) -> dict:
+        """Per-layer "folded", "positions", "ffn_folded" lists (+ verification counts): what the engine
+        adds to a request's counters (sum them with `add`, derive ratios with `report`)."""
+        return {"folded": list(self.folded), "positions": list(self.positions), "ffn_folded": list(self.ffn_folded),
+                "verifications": self.verifications, "root_only": self.root_only}
 
     def add(self, other: "FoldStats") -> None:
         for mine, theirs in ((self.folded, other.folded), (self.positions, other.positions),
@@ -182,4 +196,11 @@ class FoldVerifier:
             out = self.model.head(X[torch.cat([picks[i] for i in sel])], kind)
             for i, part in zip(sel, out.split([len(picks[i]) for i in sel])):
                 logits[i] = part.view(segs[i].B1, -1, part.shape[-1])
-        return [ForwardResult(lg, h if f.return_hidden else None) for lg, h, f in zip(logits, hidden, forwards)]
+        out = [ForwardResult(lg, h if f.return_hidden else None) for lg, h, f in zip(logits, hidden, forwards)]
+        if _RESULT_HAS_STATS:  # the engine's ForwardResult carries per-forward verifier statistics
+            for r, st in zip(out, self.last_stats):
+                r.stats = st.counts()
+        return out
+
+
+_RESULT_HAS_STATS = "stats" in getattr(ForwardResult, "__dataclass_fields__", {})
