@@ -37,6 +37,8 @@ Invariants.
   rounding (with the default ffn_gate=True) (the correction subtracts and re-adds terms, which is exact in exact arithmetic).
 
 ``o_proj`` and the residual adds are plain torch ops in both backends (dense GEMM on all rows).
+The layer composition over one or many forwards lives in ``fold_pack`` (``fold_layer`` here is its
+one-forward entry point); ``dense_attention`` / ``dense_layer`` are the plain dense computation.
 """
 
 from __future__ import annotations
