@@ -5,10 +5,20 @@ Random weights at Qwen2.5-0.5B widths (d=896, H=14, Hkv=2, D=64, ffn 4864) and 7
 N=32 (bidirectional), prefix P=256, float32. For each target fold ratio f the draft hidden states
 are built so that exactly round(f * B * N) draft positions pass the gate (relative residual 0.01
 against the parent, delta = 0.1) and the rest fail it (relative residual 0.5). Times are medians of
-interleaved dense/fold calls. `ffn_fold` is the fraction of draft positions that also inherited the
-FFN output (second gate on the post-attention residual, see fold_torch.fold_layer).
+interleaved dense/fold calls, in CPU seconds of the compute thread on the CPU (`time.thread_time`:
+the core is shared; wall time would count other jobs' time slices) and synchronised wall time on
+a GPU. `ffn_fold` is the fraction of draft positions that also inherited the FFN output (second
+gate on the post-attention residual, see fold_torch.fold_layer).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py
+`bound` is the cost of dense computation on the rows folding leaves, (root rows + unfolded draft
+rows) / all rows = (1 + B (1 - fold)) / (B + 1); `fold/bound` = (fold ms / dense ms) / bound (1.00
+means folding costs exactly what it computes). `floor` = the dense layer run on only the rows folding
+recomputes (one branch of R = root + unfolded draft rows), over the dense layer: what the recomputed
+rows cost at this width on this machine when GEMMs get fewer rows (small GEMMs are less efficient
+per row than the 256-row ones, so `floor` >= `bound`). `--baseline REV` adds the fold_layer of git revision
+REV, timed in the same interleaved loop (`old ms`).
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py [--baseline 45c5eb5]
 """
 
 from __future__ import annotations
@@ -64,18 +74,19 @@ def make_hidden(g: torch.Generator, N: int, d: int, ratio: float) -> torch.Tenso
     return H
 
 
-def timed_pair(f_a, f_b, reps: int, sync=lambda: None) -> tuple[float, float]:
-    """Median seconds of f_a and f_b, calls interleaved (the CPU is shared: drift hits both alike)."""
-    f_a(), f_b()  # warm-up (and Triton compilation)
-    ta, tb = [], []
+def timed(fns: list, reps: int, sync=lambda: None, clock=time.perf_counter) -> list[float]:
+    """Median seconds of each function, calls interleaved (the CPU is shared: drift hits all alike)."""
+    for fn in fns:  # warm-up (and Triton compilation)
+        fn()
+    ts: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        for fn, ts in ((f_a, ta), (f_b, tb)):
+        for fn, t in zip(fns, ts):
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
-            ts.append(time.perf_counter() - t0)
-    return statistics.median(ta), statistics.median(tb)
+            t.append(clock() - t0)
+    return [statistics.median(t) for t in ts]
 
 
 def main() -> None:
@@ -89,15 +100,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--backend", default="torch", help="fold backend: torch | triton (triton needs cuda)")
+    ap.add_argument("--baseline", default=None, help="git revision whose fold_layer is timed alongside")
     args = ap.parse_args()
+    old_fold = None
+    if args.baseline:
+        import baseline
+        baseline.load(args.baseline)
+        from specfold_base.kernels.fold_torch import LayerWeights as OldWeights  # type: ignore
+        from specfold_base.kernels.fold_torch import fold_layer as old_fold  # type: ignore
     torch.set_num_threads(args.threads)
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    clock = time.perf_counter if dev.type == "cuda" else time.thread_time
     print(f"torch {torch.__version__}, device {args.device}, backend {args.backend}, "
           f"threads {torch.get_num_threads()}, float32, B={len(PAR) - 1}, "
           f"N={args.N}, P={args.prefix}, delta={args.delta}, reps={args.reps} (median, interleaved)")
-    print(f"{'width':>5} {'target':>6} {'fold':>5} {'ffn_fold':>8} {'dense_ms':>9} {'fold_ms':>8} "
-          f"{'speedup':>7} {'max|fold-dense|':>15}")
+    print(f"baseline {args.baseline or '-'}; clock {'wall (synchronised)' if dev.type == 'cuda' else 'thread CPU time'}")
+    print("| width | target | fold | ffn fold | dense ms | fold ms | old ms | fold/dense | old/dense | bound "
+          "| fold/bound | floor | fold/floor | max abs diff vs dense |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.widths.split(","):
         c = WIDTHS[name]
         g = torch.Generator().manual_seed(0)
@@ -115,16 +136,31 @@ def main() -> None:
         par = torch.tensor(PAR, device=dev)
         fold = lambda H: fold_layer(H, par, w, cos, sin, pk, pv, mask, args.delta, scale, backend=args.backend)  # noqa: E731
         scale = 1 / math.sqrt(D)
+        old_w = None if old_fold is None else OldWeights(**{f: getattr(w, f) for f in OldWeights.__dataclass_fields__})
+        B = len(PAR) - 1
         for ratio in (float(x) for x in args.ratios.split(",")):
             H = make_hidden(g, N, c["d"], ratio).to(dev)
             with torch.inference_mode():
                 dense_out = dense_layer(H, w, cos, sin, pk, pv, mask, scale)
                 fold_out, st = fold(H)
-                t_dense, t_fold = timed_pair(
-                    lambda: dense_layer(H, w, cos, sin, pk, pv, mask, scale), lambda: fold(H), args.reps, sync)
+                R = st.recomputed_rows
+                Hr = H.reshape(1, -1, H.shape[-1])[:, :R]
+                cr, sr = cos.repeat(len(PAR), 1)[:R], sin.repeat(len(PAR), 1)[:R]
+                mr = torch.ones(R, R, dtype=torch.bool, device=dev)
+                fns = [lambda: dense_layer(H, w, cos, sin, pk, pv, mask, scale), lambda: fold(H),
+                       lambda: dense_layer(Hr, w, cr, sr, pk, pv, mr, scale)]
+                if old_fold is not None:
+                    fns.append(lambda: old_fold(H, par, old_w, cos, sin, pk, pv, mask, args.delta, scale,
+                                                backend=args.backend))
+                ts = timed(fns, args.reps, sync, clock)
+            t_dense, t_fold, t_rows = ts[0], ts[1], ts[2]
+            t_old = ts[3] if len(ts) > 3 else float("nan")
             err = (fold_out - dense_out).abs().max().item()
-            print(f"{name:>5} {ratio:>6.1f} {st.fold_ratio:>5.2f} {st.ffn_fold_ratio:>8.2f} {t_dense * 1e3:>9.1f} "
-                  f"{t_fold * 1e3:>8.1f} {t_dense / t_fold:>6.2f}x {err:>15.2e}", flush=True)
+            bound = (1 + B * (1 - st.fold_ratio)) / (B + 1)
+            print(f"| {name} | {ratio:.1f} | {st.fold_ratio:.2f} | {st.ffn_fold_ratio:.2f} | {t_dense * 1e3:.1f} | "
+                  f"{t_fold * 1e3:.1f} | {t_old * 1e3:.1f} | {t_fold / t_dense:.2f} | {t_old / t_dense:.2f} | "
+                  f"{bound:.2f} | {t_fold / t_dense / bound:.2f} | {t_rows / t_dense:.2f} | {t_fold / t_rows:.2f} | "
+                  f"{err:.1e} |", flush=True)
         del w
 
 

@@ -1,18 +1,21 @@
 """The GPU check of SpecFold, one script for a lent GPU machine (target: under 8 minutes on an H100/H200).
 
-    PYTHONPATH=. python benchmarks/gpu_specfold.py [--out report.md] [--quick]
+    PYTHONPATH=. python benchmarks/gpu_specfold.py [--out report.md] [--quick] [--model DIR ...]
 
 1. correctness of every Triton kernel against its PyTorch twin on the GPU (fold_layer pieces, float32);
 2. kernel and layer times: Triton vs the PyTorch twin vs the dense layer, at Qwen2.5-0.5B and 7B
    widths, fold ratios 0 / 0.3 / 0.6 / 0.9;
 3. end to end: tokens/s of vanilla vs dense speculative verification vs SpecFold (torch and Triton
-   backends) on the embedded tiny model and on a random-weight 0.5B-shaped model, side by side.
+   backends) on the embedded tiny model, on a random-weight 0.5B-shaped model, and on every
+   checkpoint given with `--model DIR` (e.g. the widened checkpoints of SPEC §9, which compute the
+   source model's function at the wider shape: tables name them as cost proxies), side by side.
 Each section reports its own failure and the script goes on. `--device cpu --quick` runs the same
 code on the CPU (the interpreter for Triton is not used there: Triton rows are skipped).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import platform
 import statistics
 import subprocess
@@ -55,8 +58,8 @@ def layer_inputs(width: str, ratio: float, device: str, N: int = 32, P: int = 25
     g = torch.Generator().manual_seed(seed)
     c = WIDTHS[width]
     w = make_weights(g, c["d"], c["Hq"], c["Hkv"], c["D"], c["F"])
-    w = type(w)(**{k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in
-                   ((f, getattr(w, f)) for f in w.__dataclass_fields__)})
+    w = type(w)(**{f.name: (getattr(w, f.name).to(device) if isinstance(getattr(w, f.name), torch.Tensor)
+                            else getattr(w, f.name)) for f in dataclasses.fields(w) if f.init})
     H = make_hidden(g, N, c["d"], ratio).to(device)
     pos = torch.arange(P, P + N, dtype=torch.float64)
     inv = 1.0 / (10000 ** (torch.arange(0, c["D"], 2, dtype=torch.float64) / c["D"]))
@@ -135,7 +138,7 @@ def section_layer(device: str, quick: bool) -> None:
             emit(f"| {width} | {ratio} | {td * 1e3:.2f} | {tt * 1e3:.2f} | {tr * 1e3:.2f} | {td / tt:.2f}x | {td / tr:.2f}x |")
 
 
-def section_end_to_end(device: str, quick: bool) -> None:
+def section_end_to_end(device: str, quick: bool, extra: list[str]) -> None:
     emit("\n## 3. End to end (greedy; ratios to vanilla measured side by side)\n")
     models = []
     try:
@@ -148,15 +151,20 @@ def section_end_to_end(device: str, quick: bool) -> None:
         from model_core import QWEN25_05B, random_checkpoint
         tmp = Path(tempfile.mkdtemp())
         models.append(("random Qwen2.5-0.5B shape", str(random_checkpoint(tmp / "m", QWEN25_05B)), "bfloat16"))
+    for path in extra:  # widened checkpoints: the source model's tokens at the wider shape's cost
+        models.append((f"{Path(path).name} (cost proxy)", path, "bfloat16"))
     for name, path, dtype in models:
         llm = LLM(path, dtype=dtype, device=device)
-        if llm.tokenizer is not None and name == "tiny":
+        if llm.tokenizer is not None:  # text prompts: the tiny model's held-out questions
             import json
-            rows = [json.loads(x) for x in (Path(path) / "heldout.jsonl").read_text().splitlines()[:8]]
-            prompts = [r["question"] for r in rows]
+            from specfold.api import tiny_path
+            src = Path(path) / "heldout.jsonl"
+            src = src if src.is_file() else Path(tiny_path()) / "heldout.jsonl"
+            prompts = [json.loads(x)["question"] for x in src.read_text().splitlines()[:8]]
             chat = True
         else:
-            prompts = [list(range(1000 + i, 1100 + i)) for i in range(2)]
+            V = llm.spec.vocab_size
+            prompts = [[(1000 + i + j) % (V - 16) + 8 for j in range(100)] for i in range(2)]
             chat = False
         n = 64 if quick else 128
         methods = [("vanilla threshold", dict(method="vanilla", rule="threshold")),
@@ -181,7 +189,7 @@ def section_end_to_end(device: str, quick: bool) -> None:
             if base is None:
                 base = (outs, toks / secs)
             match = sum(o.token_ids == b.token_ids for o, b in zip(outs, base[0])) / len(outs)
-            folds = [o.stats.extra.get("fold_ratio") for o in outs if "fold_ratio" in o.stats.extra]
+            folds = [o.stats.extra["fold_ratio"] for o in outs if o.stats.extra.get("fold_ratio") is not None]
             fr = f"{sum(folds) / len(folds):.2f}" if folds else "-"
             emit(f"| {label} | {nfe} | {toks / nfe:.2f} | {toks / secs:.1f} | {toks / secs / base[1]:.2f}x | {match:.2f} | {fr} |")
 
@@ -191,12 +199,14 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--model", action="append", default=[], metavar="DIR",
+                    help="also run section 3 on this checkpoint (repeatable), e.g. a widened model")
     a = ap.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     gpu = torch.cuda.get_device_name() if a.device == "cuda" else platform.processor() or platform.machine()
     emit(f"# SpecFold GPU check: {gpu}, torch {torch.__version__}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}\n")
     t0 = time.time()
-    sections = [lambda: section_layer(a.device, a.quick), lambda: section_end_to_end(a.device, a.quick)]
+    sections = [lambda: section_layer(a.device, a.quick), lambda: section_end_to_end(a.device, a.quick, a.model)]
     if a.device == "cuda":
         sections.insert(0, lambda: section_correctness(a.device))
     for sec in sections:

@@ -74,7 +74,7 @@ def llm_from_args(a: argparse.Namespace):
 def stats_line(st) -> str:
     line = (f"[{st.tokens} tokens, {st.nfe} forwards, {st.tokens_per_forward:.2f} tokens/forward, "
             f"{st.seconds:.2f} s, {st.tokens_per_second:.1f} tokens/s")
-    if "fold_ratio" in st.extra:
+    if st.extra.get("fold_ratio") is not None:  # None: no draft position was verified
         line += f", fold ratio {st.extra['fold_ratio']:.2f}"
     return line + "]"
 

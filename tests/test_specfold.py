@@ -87,4 +87,115 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
     sf = llm.generate(qs, DecodeParams(method="specfold", delta=0.1, **base))
     assert abs(acc(sf) - acc(van)) <= 0.01 + 1e-9
     assert sum(o.stats.nfe for o in sf) < sum(o.stats.nfe for o in van)  # drafts are accepted
-    assert sum(o.stats.extra["fold_ratio"] for o in sf) / len(sf) > 0.2  # and positions really fold
+    folds = [o.stats.extra["fold_ratio"] for o in sf if o.stats.extra["fold_ratio"] is not None]
+    assert sum(folds) / len(folds) > 0.2  # and positions really fold
+
+
+# ---------------------------------------------------------------------------- verify_many (the engine)
+
+
+def _forwards(m, M: int, attention: str):
+    """Forwards of one engine step: different prefix lengths, window lengths and branch counts
+    (root only, a chain, a tree), each with its own cache."""
+    from specfold.engine.forward import Forward
+
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for P, N, parents in ((8, 8, [-1, 0, 1, 2, 0]), (4, 6, [-1]), (12, 8, [-1, 0, 0]), (0, 4, [-1, 0, 1])):
+        cache = None
+        if attention == "block_causal" and P:
+            cache = m.new_cache(P + N)
+            with torch.inference_mode():
+                m(torch.randint(0, 90, (1, P), generator=g), torch.arange(P), cache=cache, write_cache=True)
+        root = torch.randint(0, 90, (N,), generator=g)
+        root[N // 2:] = M
+        rows = [root]
+        for b in range(1, len(parents)):
+            d = rows[parents[b]].clone()
+            d[N // 2 + (b % (N - N // 2))] = int(torch.randint(0, 90, (1,), generator=g))
+            rows.append(d)
+        mask = torch.ones(N, N, dtype=torch.bool) if attention == "block_causal" else None
+        if mask is not None and N == 6:
+            mask = torch.tril(mask)  # a non-trivial window mask in the pack
+        at = torch.arange(N // 2, N) if N != 4 else None
+        out.append(Forward(torch.stack(rows), torch.arange(P, P + N), cache, mask, logits_at=at,
+                           parents=list(parents)))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("attention", ["block_causal", "bidirectional"])
+@pytest.mark.parametrize("delta", [0.0, 0.3])
+@pytest.mark.parametrize("correct", [False, True])
+def test_verify_many_equals_each_forward_alone(checkpoint, monkeypatch, kind, attention, delta, correct):
+    """Both attention paths for folded rows: direct (short prefixes) and the streaming correction."""
+    from specfold.kernels import fold_pack
+
+    monkeypatch.setattr(fold_pack, "CORRECTION_MIN_MACS", 0 if correct else float("inf"))
+    llm = LLM(checkpoint(kind, attention=attention), dtype="float64")
+    m = llm.model
+    fwds = _forwards(m, llm.spec.mask_token_id, attention)
+    fv = FoldVerifier(m, delta)
+    with torch.inference_mode():
+        many = fv.verify_many(fwds)
+        stats = fv.last_stats
+        assert len(many) == len(stats) == len(fwds)
+        for f, r, st in zip(fwds, many, stats):
+            alone = FoldVerifier(m, delta)
+            at = f.logits_at if f.logits_at is not None else torch.arange(f.tokens.shape[1])
+            ref = alone(f.tokens, f.parents, f.positions, f.cache, f.mask, at)
+            assert r.logits.shape == ref.shape
+            assert (r.logits - ref).abs().max().item() <= 1e-12
+            if getattr(r, "stats", None) is not None:  # the engine's ForwardResult carries them too
+                assert r.stats == st.counts()
+            if f.tokens.shape[0] > 1:  # per-forward statistics are that forward's own
+                assert st.folded == alone.totals.folded and st.ffn_folded == alone.totals.ffn_folded
+            else:
+                assert sum(st.positions) == 0 and st.report()["fold_ratio"] is None
+            if delta == 0.0:
+                dense = m(f.tokens, f.positions, cache=f.cache, mask=f.mask, logits_at=at)
+                assert (r.logits - dense).abs().max().item() <= 1e-10
+    if delta == 0.0:
+        assert sum(sum(st.folded) for st in stats) > 0  # bit-identical rows were folded
+
+
+def test_verify_many_hidden_and_errors(checkpoint):
+    from specfold.engine.forward import Forward
+
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    fwds = _forwards(m, llm.spec.mask_token_id, "bidirectional")
+    fwds[0].return_hidden = True
+    fv = FoldVerifier(m, 0.0)
+    with torch.inference_mode():
+        res = fv.verify_many(fwds)
+        _, hidden = m(fwds[0].tokens, fwds[0].positions, logits_at=fwds[0].logits_at, return_hidden=True)
+    assert res[1].hidden is None and len(res[0].hidden) == len(hidden) == llm.spec.num_layers + 1
+    assert max((a - b).abs().max().item() for a, b in zip(res[0].hidden, hidden)) <= 1e-10
+    assert fv.verify_many([]) == [] and fv.last_stats == []
+    bad = Forward(fwds[0].tokens, fwds[0].positions, parents=[-1, 0])
+    with pytest.raises(ValueError, match="parents"):
+        fv.verify_many([bad])
+
+
+def test_root_only_is_the_dense_forward_and_fold_ratio_undefined(checkpoint):
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    toks, parents = _batch(llm.spec.mask_token_id)
+    pos, out = torch.arange(8), torch.arange(3, 8)
+    fv = FoldVerifier(m, 0.1)
+    with torch.inference_mode():
+        root = fv(toks[:1], [-1], pos, None, None, out)
+        assert torch.equal(root, m(toks[:1], pos, logits_at=out))  # the plain dense forward, bit for bit
+    rep = fv.report()
+    assert rep["fold_ratio"] is None and rep["fold_ratio_excl_layer0"] is None and rep["ffn_fold_ratio"] is None
+    assert rep["fold_ratio_per_layer"] == [None] * llm.spec.num_layers
+    assert rep["fold_root_only"] == rep["fold_verifications"] == 1
+    with torch.inference_mode():
+        fv(toks, parents, pos, None, None, out)
+    rep = fv.report()
+    assert rep["fold_verifications"] == 2 and rep["fold_root_only"] == 1
+    assert all(0.0 <= r <= 1.0 for r in rep["fold_ratio_per_layer"])
+    L = llm.spec.num_layers
+    excl = sum(fv.totals.folded[1:]) / sum(fv.totals.positions[1:])
+    assert rep["fold_ratio_excl_layer0"] == pytest.approx(excl) and L > 1

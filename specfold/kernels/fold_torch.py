@@ -37,12 +37,14 @@ Invariants.
   rounding (with the default ffn_gate=True) (the correction subtracts and re-adds terms, which is exact in exact arithmetic).
 
 ``o_proj`` and the residual adds are plain torch ops in both backends (dense GEMM on all rows).
+The layer composition over one or many forwards lives in ``fold_pack`` (``fold_layer`` here is its
+one-forward entry point); ``dense_attention`` / ``dense_layer`` are the plain dense computation.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -80,6 +82,7 @@ class LayerWeights:
     w_up: Tensor
     w_down: Tensor
     head_dim: int
+    _fused: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         d = self.input_norm_w.shape[0]
@@ -94,6 +97,32 @@ class LayerWeights:
             raise ValueError("wk and wv must have the same shape")
         if tuple(self.wo.shape) != (d, self.wq.shape[0]):
             raise ValueError(f"wo has shape {tuple(self.wo.shape)}; expected [{d}, {self.wq.shape[0]}]")
+
+    def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """[wq; wk; wv] ([(Hq+2Hkv)*D, d]) and the matching bias (or None), built once and cached
+        (rebuilt if a weight tensor is replaced). Costs one extra copy of the q/k/v weights."""
+        src = (self.wq, self.wk, self.wv, self.bq, self.bk, self.bv)
+        hit = self._fused.get("qkv")
+        if hit is None or any(a is not b for a, b in zip(hit[0], src)):
+            with torch.no_grad():
+                wqkv = torch.cat((self.wq, self.wk, self.wv)).detach()
+                bias = None
+                if any(b is not None for b in src[3:]):
+                    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                                      for w, b in zip(src[:3], src[3:])]).detach()
+            hit = (src, wqkv, bias)
+            self._fused["qkv"] = hit
+        return hit[1], hit[2]
+
+    def fused_gate_up(self) -> Tensor:
+        """[w_gate; w_up] ([2F, d]), built once and cached like ``fused_qkv``."""
+        src = (self.w_gate, self.w_up)
+        hit = self._fused.get("gate_up")
+        if hit is None or any(a is not b for a, b in zip(hit[0], src)):
+            with torch.no_grad():
+                hit = (src, torch.cat(src).detach())
+            self._fused["gate_up"] = hit
+        return hit[1]
 
     @property
     def num_heads(self) -> int:
@@ -135,13 +164,14 @@ class LayerFoldStats:
     ffn_folded: int        # draft positions that inherited their FFN output (<= folded)
 
     @property
-    def fold_ratio(self) -> float:
-        """Folded / draft positions at the QKV gate (the SPEC's per-layer fold ratio)."""
-        return self.folded / self.draft_positions if self.draft_positions else 0.0
+    def fold_ratio(self) -> float | None:
+        """Folded / draft positions at the QKV gate (the SPEC's per-layer fold ratio); None when the
+        batch had no draft position (undefined, not 0)."""
+        return self.folded / self.draft_positions if self.draft_positions else None
 
     @property
-    def ffn_fold_ratio(self) -> float:
-        return self.ffn_folded / self.draft_positions if self.draft_positions else 0.0
+    def ffn_fold_ratio(self) -> float | None:
+        return self.ffn_folded / self.draft_positions if self.draft_positions else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -210,17 +240,29 @@ def compact_rows(recompute_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return rows, folded_rows, row_of.view(recompute_mask.shape)
 
 
-def resolve_sources(recompute_mask: Tensor, par: Tensor) -> Tensor:
+def ancestors(par: Tensor) -> Tensor:
+    """par [B1] -> anc [B1, depth] long: branch i's chain i, par(i), ..., 0, padded with 0 (the root)."""
+    p = par.tolist()
+    chains = []
+    for i in range(len(p)):
+        c = [i]
+        while c[-1] > 0:
+            c.append(p[c[-1]])
+        chains.append(c)
+    depth = max(len(c) for c in chains)
+    return torch.tensor([c + [0] * (depth - len(c)) for c in chains], dtype=torch.long, device=par.device)
+
+
+def resolve_sources(recompute_mask: Tensor, par: Tensor, anc: Tensor | None = None) -> Tensor:
     """recompute_mask [B1, N], par [B1] -> src [B1, N] long: nearest recomputed ancestor (or self).
 
-    Branches are visited in index order; par[i] < i makes src[par[i]] final before branch i.
+    ``anc`` = ``ancestors(par)`` when the caller already has it (built once per verification); the
+    root ends every chain and counts as recomputed, so src[0] = 0 and every chain resolves.
     """
-    B1, N = recompute_mask.shape
-    src = torch.empty(B1, N, dtype=torch.long, device=recompute_mask.device)
-    src[0] = 0
-    for i in range(1, B1):
-        src[i] = torch.where(recompute_mask[i], torch.full_like(src[i], i), src[int(par[i])])
-    return src
+    if anc is None:
+        anc = ancestors(par)
+    rec = recompute_mask[anc] | (anc == 0)[:, :, None]                         # [B1, depth, N]
+    return anc.gather(1, rec.to(torch.uint8).argmax(1))                       # first True on the chain
 
 
 def packed_norm_qkv_rope(
@@ -229,22 +271,36 @@ def packed_norm_qkv_rope(
     """H [B1, N, d], rows [R], cos/sin [N, D] -> q [R, Hq, D], k [R, Hkv, D], v [R, Hkv, D].
 
     q = RoPE(q_norm?(x Wq^T + bq)), k likewise, v = x Wv^T + bv, x = RMSNorm(H[rows]) * input_norm_w.
+    One GEMM with the fused [wq; wk; wv] (``LayerWeights.fused_qkv``).
     """
     N, D = H.shape[1], w.head_dim
     x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.input_norm_w, w.eps)     # [R, d]
     pos = rows % N
     c, s = cos[pos], sin[pos]                                                  # [R, D]
-
-    def proj(wt: Tensor, b: Tensor | None) -> Tensor:
-        y = x @ wt.t()
-        return (y if b is None else y + b).view(x.shape[0], -1, D)
-
-    q, k, v = proj(w.wq, w.bq), proj(w.wk, w.bk), proj(w.wv, w.bv)
+    wqkv, bqkv = w.fused_qkv()
+    y = x @ wqkv.t()
+    if bqkv is not None:
+        y = y + bqkv
+    nq, nk = w.num_heads * D, w.num_kv_heads * D
+    q = y[:, :nq].view(-1, w.num_heads, D)
+    k = y[:, nq: nq + nk].view(-1, w.num_kv_heads, D)
+    v = y[:, nq + nk:].reshape(-1, w.num_kv_heads, D)
     if w.q_norm_w is not None:
         q = rms_norm(q, w.q_norm_w, w.eps)
     if w.k_norm_w is not None:
         k = rms_norm(k, w.k_norm_w, w.eps)
     return apply_rope(q, c, s), apply_rope(k, c, s), v
+
+
+def _by_kv_head(x: Tensor) -> Tensor:
+    """[R, Hkv, G, X] -> [Hkv, R*G, X] (one GEMM per KV head for every row and grouped query head)."""
+    R, Hkv, G, X = x.shape
+    return x.permute(1, 0, 2, 3).reshape(Hkv, R * G, X)
+
+
+def _from_kv_head(x: Tensor, R: int, G: int) -> Tensor:
+    """[Hkv, R*G, X] -> [R, Hkv, G, X]."""
+    return x.view(x.shape[0], R, G, x.shape[-1]).permute(1, 0, 2, 3)
 
 
 def streaming_attention(
@@ -256,22 +312,37 @@ def streaming_attention(
     q [R, Hq, D], k/v [R, Hkv, D] (packed), rows [R], kv_row [B1, N], prefix_k/v [Hkv, P, D],
     window_mask [N, N] bool -> O [R, Hq, D] (unnormalised), m [R, Hq], Z [R, Hq].
     Row r = (i, n) sees every prefix key and window key j of branch i iff window_mask[n, j].
-    (The twin computes the same (O, m, Z) in one shot; the Triton kernel streams over key tiles.)
+    (The twin computes the same (O, m, Z) in one shot: prefix scores of the R rows in one GEMM per KV
+    head, window scores and outputs in the dense [B1, N] layout of every branch's own K/V, one
+    batched GEMM; the Triton kernel streams over key tiles.)
     """
     R, Hq, D = q.shape
-    Hkv, N = k.shape[1], kv_row.shape[1]
-    G = Hq // Hkv
+    Hkv = k.shape[1]
+    B1, N = kv_row.shape
+    G, P, T = Hq // Hkv, prefix_k.shape[1], B1 * N
+    flat = kv_row.reshape(-1)
+    qe = q[flat].view(B1, N, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B1, Hkv, G * N, D)
+    kb = k[flat].view(B1, N, Hkv, D).permute(0, 2, 3, 1)                        # [B1, Hkv, D, N]
+    sw = (torch.matmul(qe, kb) * scale).view(B1, Hkv, G, N, N)                 # every (i, n) vs branch i
+    sw = sw.permute(0, 3, 1, 2, 4).reshape(T, Hkv, G, N)[rows]                 # [R, Hkv, G, N]
+    sw = sw.masked_fill(~window_mask[rows % N][:, None, None, :], -math.inf)
     q4 = q.view(R, Hkv, G, D)
-    bi, n = rows // N, rows % N
-    wk, wv = k[kv_row[bi]], v[kv_row[bi]]                                      # [R, N, Hkv, D]
-    sp = torch.einsum("rhgd,hpd->rhgp", q4, prefix_k) * scale                  # [R, Hkv, G, P]
-    sw = torch.einsum("rhgd,rjhd->rhgj", q4, wk) * scale                       # [R, Hkv, G, N]
-    sw = sw.masked_fill(~window_mask[n][:, None, None, :], -math.inf)
-    m = torch.maximum(sp.amax(-1) if sp.shape[-1] else torch.full_like(sw[..., 0], -math.inf), sw.amax(-1))
+    m = sw.amax(-1)
+    if P:
+        sp = _from_kv_head(torch.matmul(_by_kv_head(q4), prefix_k.transpose(1, 2)) * scale, R, G)  # [R,Hkv,G,P]
+        m = torch.maximum(m, sp.amax(-1))
     ms = _safe_max(m)[..., None]
-    pp, pw = torch.exp(sp - ms), torch.exp(sw - ms)
-    Z = pp.sum(-1) + pw.sum(-1)
-    O = torch.einsum("rhgp,hpd->rhgd", pp, prefix_v) + torch.einsum("rhgj,rjhd->rhgd", pw, wv)
+    pw = torch.exp(sw - ms)
+    Z = pw.sum(-1)
+    E = pw.new_zeros(T, Hkv, G, N)
+    E[rows] = pw
+    vb = v[flat].view(B1, N, Hkv, D).permute(0, 2, 1, 3)                        # [B1, Hkv, N, D]
+    Ow = torch.matmul(E.view(B1, N, Hkv, G, N).permute(0, 2, 3, 1, 4).reshape(B1, Hkv, G * N, N), vb)
+    O = Ow.view(B1, Hkv, G, N, D).permute(0, 3, 1, 2, 4).reshape(T, Hkv, G, D)[rows]
+    if P:
+        pp = torch.exp(sp - ms)
+        Z = Z + pp.sum(-1)
+        O = O + _from_kv_head(torch.matmul(_by_kv_head(pp), prefix_v), R, G)
     return O.reshape(R, Hq, D), m.reshape(R, Hq), Z.reshape(R, Hq)
 
 
@@ -289,42 +360,72 @@ def folded_correction(
     At the keys j with kv_row[i, j] != kv_row[s, j] and window_mask[n, j] it removes
     exp(q.k_s[j]*scale - m) (v_s[j]) from Z (O), then adds exp(q.k_i[j]*scale - m') (v_i[j]) with
     m' = max(m, new scores), rescaling the remainder by exp(m - m').
+    All folded rows at once: their queries' scores against every packed key in one GEMM per KV head,
+    read at the two key sets, and the removed/added weights scattered onto the packed rows for one
+    GEMM with v (no per-row gathers of K/V).
     Note: removal is a subtraction; if the removed keys carried almost all of the mass, the result
     keeps only the absolute accuracy of the source's Z (fine in float32/64 for attention outputs).
     """
     R, Hq, D = q.shape
-    Hkv, N = k.shape[1], kv_row.shape[1]
-    G = Hq // Hkv
-    F = folded_rows.shape[0]
+    Hkv = k.shape[1]
+    N = kv_row.shape[1]
+    G, F = Hq // Hkv, folded_rows.shape[0]
+    if F == 0:
+        return O.new_zeros(0, Hq, D), m.new_zeros(0, Hq), Z.new_zeros(0, Hq)
     bi, n = folded_rows // N, folded_rows % N
     rs = kv_row[bi, n]                                                         # [F]
-    s = src[bi, n]                                                             # [F]
-    kv_i, kv_s = kv_row[bi], kv_row[s]                                         # [F, N]
-    diff = (kv_i != kv_s) & window_mask[n]                                     # [F, N]
-    qf = q[rs].view(F, Hkv, G, D)
+    idx_i, idx_s = kv_row[bi], kv_row[src[bi, n]]                              # [F, N]
+    d4 = ((idx_i != idx_s) & window_mask[n])[:, None, None, :]                 # [F, 1, 1, N]
+    S = _from_kv_head(torch.matmul(_by_kv_head(q[rs].view(F, Hkv, G, D)), k.permute(1, 2, 0)) * scale, F, G)
+    ix = torch.cat((idx_s, idx_i), 1)[:, None, None, :].expand(F, Hkv, G, 2 * N)
+    s_both = S.gather(-1, ix)                                                  # [F, Hkv, G, 2N]
+    s_old, s_new = s_both[..., :N], s_both[..., N:].masked_fill(~d4, -math.inf)
     m0, Z0, O0 = m[rs].view(F, Hkv, G), Z[rs].view(F, Hkv, G), O[rs].view(F, Hkv, G, D)
-    d4 = diff[:, None, None, :]
-    # remove the source branch's contributions (relative to the source's m)
-    s_old = torch.einsum("fhgd,fjhd->fhgj", qf, k[kv_s]) * scale               # [F, Hkv, G, N]
     e_old = torch.where(d4, torch.exp(s_old - _safe_max(m0)[..., None]), torch.zeros_like(s_old))
-    Z1 = Z0 - e_old.sum(-1)
-    O1 = O0 - torch.einsum("fhgj,fjhd->fhgd", e_old, v[kv_s])
-    # add branch i's contributions with the new running max
-    s_new = (torch.einsum("fhgd,fjhd->fhgj", qf, k[kv_i]) * scale).masked_fill(~d4, -math.inf)
     m1 = torch.maximum(m0, s_new.amax(-1))
     ms1 = _safe_max(m1)
     alpha = torch.exp(m0 - ms1)                                                # exp(m - m')
     e_new = torch.exp(s_new - ms1[..., None])
-    Z2 = Z1 * alpha + e_new.sum(-1)
-    O2 = O1 * alpha[..., None] + torch.einsum("fhgj,fjhd->fhgd", e_new, v[kv_i])
+    Z2 = (Z0 - e_old.sum(-1)) * alpha + e_new.sum(-1)
+    wts = torch.cat((-e_old * alpha[..., None], e_new), -1)
+    A = wts.new_zeros(F, Hkv, G, R).scatter_add_(-1, ix, wts)                  # weights on packed rows
+    O2 = O0 * alpha[..., None] + _from_kv_head(torch.matmul(_by_kv_head(A), v.transpose(0, 1)), F, G)
     return O2.reshape(F, Hq, D), m1.reshape(F, Hq), Z2.reshape(F, Hq)
 
 
 def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
     """H [B1, N, d] (after attention), rows [R] -> FFN output [R, d]:
-    down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w."""
+    down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w (one GEMM for gate and up)."""
     x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.post_norm_w, w.eps)
-    return (torch.nn.functional.silu(x @ w.w_gate.t()) * (x @ w.w_up.t())) @ w.w_down.t()
+    gu = x @ w.fused_gate_up().t()
+    F = w.w_gate.shape[0]
+    return (torch.nn.functional.silu(gu[:, :F]) * gu[:, F:]) @ w.w_down.t()
+
+
+def dense_attention(
+    q: Tensor, k: Tensor, v: Tensor, prefix_k: Tensor, prefix_v: Tensor, mask: Tensor | None, scale: float,
+) -> Tensor:
+    """Plain attention of every branch: q [B1, N, Hq, D], k/v [B1, N, Hkv, D] (each branch its own),
+    prefix_k/v [Hkv, P, D] shared, mask [N, N] bool or None (full) -> [B1, N, Hq*D].
+    Prefix scores of all branches come from one GEMM per KV head (the prefix is read, never copied)."""
+    B1, N, Hq, D = q.shape
+    Hkv = k.shape[2]
+    G, P = Hq // Hkv, prefix_k.shape[1]
+    qg = q.view(B1, N, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B1, Hkv, G * N, D)
+    sw = torch.matmul(qg, k.permute(0, 2, 3, 1)) * scale                       # [B1, Hkv, G*N, N]
+    if mask is not None:
+        sw = sw.view(B1, Hkv, G, N, N).masked_fill(~mask, -math.inf).view(B1, Hkv, G * N, N)
+    sm = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    vt = v.permute(0, 2, 1, 3)                                                  # [B1, Hkv, N, D]
+    if P == 0:
+        out = torch.matmul(torch.softmax(sw, -1, dtype=sm).to(q.dtype), vt)
+    else:
+        qp = qg.permute(1, 0, 2, 3).reshape(Hkv, B1 * G * N, D)
+        sp = (torch.matmul(qp, prefix_k.transpose(1, 2)) * scale).view(Hkv, B1, G * N, P).permute(1, 0, 2, 3)
+        p = torch.softmax(torch.cat((sp, sw), -1), -1, dtype=sm).to(q.dtype)
+        pp = p[..., :P].permute(1, 0, 2, 3).reshape(Hkv, B1 * G * N, P)
+        out = torch.matmul(pp, prefix_v).view(Hkv, B1, G * N, D).permute(1, 0, 2, 3) + torch.matmul(p[..., P:], vt)
+    return out.view(B1, Hkv, G, N, D).permute(0, 3, 1, 2, 4).reshape(B1, N, Hq * D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +445,7 @@ def fold_layer(
     prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, delta: float, scale: float,
     backend: str = "torch", ffn_gate: bool = True,
 ) -> tuple[Tensor, LayerFoldStats]:
-    """One decoder layer with folded verification.
+    """One decoder layer with folded verification (one forward; ``fold_pack`` packs many).
 
     H [B1, N, d], par [B1], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] bool
     -> H_out [B1, N, d], LayerFoldStats.
@@ -357,48 +458,22 @@ def fold_layer(
     ``ffn_gate=False`` folded rows inherit the FFN output of their QKV-gate source unconditionally
     (the literal reading of SPEC §6; not exact at delta = 0).
     """
-    be = _pieces(backend)
-    B1, N, d = H.shape
-    Hq, D = w.num_heads, w.head_dim
-    recompute, _rho = be.gate_compact(H, par, delta)
-    rows, folded_rows, row_of = be.compact_rows(recompute)
-    src = be.resolve_sources(recompute, par)
-    kv_row = row_of.gather(0, src)                                              # [B1, N]
-    q, k, v = be.packed_norm_qkv_rope(H, rows, w, cos, sin)
-    O, m, Z = be.streaming_attention(q, k, v, rows, kv_row, prefix_k, prefix_v, window_mask, scale)
-    attn = H.new_empty(B1 * N, Hq, D)
-    attn[rows] = O / Z[..., None]
-    F = folded_rows.shape[0]
-    if F:
-        Of, _mf, Zf = be.folded_correction(q, k, v, O, m, Z, folded_rows, src, kv_row, window_mask, scale)
-        attn[folded_rows] = Of / Zf[..., None]
-    H_mid = H + (attn.view(B1, N, Hq * D) @ w.wo.t())                           # own residual per row
-    if ffn_gate:
-        ffn_recompute = be.gate_compact(H_mid, par, delta)[0] | recompute
-        ffn_rows, ffn_folded, ffn_row_of = be.compact_rows(ffn_recompute)
-        ffn_src_row = ffn_row_of.gather(0, be.resolve_sources(ffn_recompute, par))  # [B1, N]
-    else:
-        ffn_rows, ffn_folded, ffn_src_row = rows, folded_rows, kv_row
-    ffn = be.packed_ffn(H_mid, ffn_rows, w)                                      # [R_ffn, d]
-    H_out = H_mid + ffn[ffn_src_row]                                             # source row's FFN output
-    return H_out, LayerFoldStats(
-        folded=F, draft_positions=(B1 - 1) * N, recomputed_rows=rows.shape[0],
-        ffn_folded=ffn_folded.shape[0],
-    )
+    from specfold.kernels.fold_pack import fold_layer_one
+    return fold_layer_one(H, par, w, cos, sin, prefix_k, prefix_v, window_mask, delta, scale,
+                          _pieces(backend), ffn_gate)
 
 
 def dense_layer(
     H: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
     prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, scale: float,
 ) -> Tensor:
-    """Reference: every position of every branch computed, each branch over its own window K/V.
+    """Reference: every position of every branch computed, each branch over its own window K/V, with
+    the model's separate q/k/v and gate/up GEMMs (the cost of the dense verification forward).
 
     H [B1, N, d], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] -> H_out [B1, N, d].
     """
     B1, N, d = H.shape
-    Hq, Hkv, D = w.num_heads, w.num_kv_heads, w.head_dim
-    G = Hq // Hkv
-    P = prefix_k.shape[1]
+    D = w.head_dim
     x = rms_norm(H, w.input_norm_w, w.eps)                                       # [B1, N, d]
 
     def proj(wt: Tensor, b: Tensor | None) -> Tensor:
@@ -413,15 +488,7 @@ def dense_layer(
     c, s = cos[None, :, None, :], sin[None, :, None, :]
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
-    keys = torch.cat((prefix_k.transpose(0, 1).expand(B1, P, Hkv, D), k), dim=1)  # [B1, P+N, Hkv, D]
-    vals = torch.cat((prefix_v.transpose(0, 1).expand(B1, P, Hkv, D), v), dim=1)
-    keys = keys.repeat_interleave(G, dim=2)                                       # [B1, P+N, Hq, D]
-    vals = vals.repeat_interleave(G, dim=2)
-    scores = torch.einsum("bnhd,bjhd->bhnj", q, keys) * scale                    # [B1, Hq, N, P+N]
-    visible = torch.cat((window_mask.new_ones(N, P), window_mask), dim=1)         # [N, P+N]
-    scores = scores.masked_fill(~visible, -math.inf)
-    attn = torch.einsum("bhnj,bjhd->bnhd", scores.softmax(-1), vals)              # [B1, N, Hq, D]
-    H_mid = H + attn.reshape(B1, N, Hq * D) @ w.wo.t()
+    H_mid = H + dense_attention(q, k, v, prefix_k, prefix_v, window_mask, scale) @ w.wo.t()
     xf = rms_norm(H_mid, w.post_norm_w, w.eps)
     ffn = (torch.nn.functional.silu(xf @ w.w_gate.t()) * (xf @ w.w_up.t())) @ w.w_down.t()
     return H_mid + ffn

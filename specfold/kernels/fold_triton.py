@@ -22,6 +22,11 @@ Kernels (one launch each unless noted):
 - folded_correction: program per (block of folded rows, query head); pass 1 removes the source
   branch's contributions and finds m', pass 2 adds the branch's own contributions.
 - packed_ffn: RMSNorm gather, fused gate/up GEMM with SiLU*up, down GEMM.
+
+Composition (``fold_pack``, both backends): gate, compaction and source resolution run as flat
+torch index ops over the packed rows of all forwards; this backend's kernels do QKV, attention,
+correction and FFN (folded rows are always corrected here, never recomputed directly). The
+gate/compact/resolve kernels above are the per-forward pieces, kept beside their twins and tested.
 """
 
 from __future__ import annotations
@@ -371,8 +376,9 @@ def compact_rows(recompute_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return rows[:R], folded[: T - R], row_of.view(recompute_mask.shape)
 
 
-def resolve_sources(recompute_mask: Tensor, par: Tensor) -> Tensor:
-    """recompute_mask [B1, N], par [B1] -> src [B1, N] long."""
+def resolve_sources(recompute_mask: Tensor, par: Tensor, anc: Tensor | None = None) -> Tensor:
+    """recompute_mask [B1, N], par [B1] -> src [B1, N] long. ``anc`` (the twin's prebuilt ancestor
+    chains) is accepted for the shared signature and not needed: the kernel walks par on the device."""
     _require_triton()
     B1, N = recompute_mask.shape
     src = torch.empty(B1, N, dtype=torch.long, device=recompute_mask.device)

@@ -227,9 +227,18 @@ LAYER_CASES = [
 ]
 
 
+@pytest.fixture(params=["direct", "correction"])
+def attention_path(request, monkeypatch):
+    """fold_layer's two attention paths for folded rows (fold_pack.CORRECTION_MIN_MACS picks one)."""
+    from specfold.kernels import fold_pack
+
+    monkeypatch.setattr(fold_pack, "CORRECTION_MIN_MACS", float("inf") if request.param == "direct" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("case", LAYER_CASES)
 @pytest.mark.parametrize("fold_prob", [0.0, 0.6, 1.0])
-def test_fold_layer_delta0_equals_dense(case, fold_prob) -> None:
+def test_fold_layer_delta0_equals_dense(case, fold_prob, attention_path) -> None:
     p = make_problem(7, fold_prob=fold_prob, **case)
     dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
     out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.0, p.scale)
@@ -243,8 +252,45 @@ def test_fold_layer_delta0_equals_dense(case, fold_prob) -> None:
     assert stats.ffn_folded <= stats.folded
 
 
+def test_fold_ratio_undefined_without_drafts() -> None:
+    p = make_problem(2, [-1], N=5)
+    out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.1, p.scale)
+    dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+    assert (out - dense).abs().max().item() <= 1e-10
+    assert stats.draft_positions == 0 and stats.fold_ratio is None and stats.ffn_fold_ratio is None
+
+
+def test_resolve_sources_with_prebuilt_ancestors() -> None:
+    par = torch.tensor([-1, 0, 1, 2, 1, 0])
+    anc = ft.ancestors(par)
+    assert anc.tolist() == [[0, 0, 0, 0], [1, 0, 0, 0], [2, 1, 0, 0], [3, 2, 1, 0], [4, 1, 0, 0], [5, 0, 0, 0]]
+    g = torch.Generator().manual_seed(5)
+    for _ in range(5):
+        rec = torch.rand(6, 7, generator=g) < 0.4
+        rec[0] = True
+        src = ft.resolve_sources(rec, par, anc)
+        assert torch.equal(src, ft.resolve_sources(rec, par))
+        for i in range(6):  # the definition: nearest recomputed ancestor on the chain
+            for n in range(7):
+                a = i
+                while not rec[a, n]:
+                    a = int(par[a])
+                assert src[i, n] == a
+
+
+def test_fused_weights_follow_replaced_tensors() -> None:
+    p = make_problem(3, PARS[0])
+    w = p.w
+    wqkv, b = w.fused_qkv()
+    assert torch.equal(wqkv, torch.cat((w.wq, w.wk, w.wv))) and torch.equal(b, torch.cat((w.bq, w.bk, w.bv)))
+    assert w.fused_qkv()[0] is wqkv  # cached
+    w.wk = w.wk * 2
+    assert torch.equal(w.fused_qkv()[0][w.wq.shape[0]: w.wq.shape[0] + w.wk.shape[0]], w.wk)
+    assert torch.equal(w.fused_gate_up(), torch.cat((w.w_gate, w.w_up)))
+
+
 @pytest.mark.parametrize("case", LAYER_CASES[:2])
-def test_fold_layer_without_ffn_gate_is_inexact_at_delta0(case) -> None:
+def test_fold_layer_without_ffn_gate_is_inexact_at_delta0(case, attention_path) -> None:
     """Inheriting the FFN output with the QKV-gate decision alone is not exact (hence ffn_gate)."""
     p = make_problem(7, fold_prob=0.6, **case)
     dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
@@ -256,7 +302,7 @@ def test_fold_layer_without_ffn_gate_is_inexact_at_delta0(case) -> None:
 
 @pytest.mark.parametrize("case", LAYER_CASES)
 @pytest.mark.parametrize("delta", [0.05, 0.2])
-def test_fold_layer_delta_positive(case, delta) -> None:
+def test_fold_layer_delta_positive(case, delta, attention_path) -> None:
     p = make_problem(11, fold_prob=0.7, tiny=0.1, **case)
     dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
     out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, delta, p.scale)

@@ -1,20 +1,92 @@
 """Folded verification (SpecFold, SPEC §6): the verifier that replaces the dense batched forward.
 
-Same call signature as DenseVerifier. Per layer it runs `specfold.kernels.fold_layer` on the
+Same call signature as DenseVerifier. Per layer it runs `specfold.kernels.fold_pack` on the
 branches' hidden states: draft rows whose residual barely differs from their parent's (ρ ≤ δ) skip
 QKV and FFN work and get an exactly corrected attention. δ = 0 reproduces dense verification.
 
+Two entry points:
+- `__call__(tokens, parents, positions, cache, mask, out_idx)`: one request's verification (the
+  decode loop). A batch with no drafts (B == 1) is the plain dense `model(...)` forward. Its fold
+  statistics are added to the verifier's running totals, read by `report()` and cleared by `reset()`.
+- `verify_many(forwards) -> list[ForwardResult]` (the engine, ENGINE_CONTRACT.md): the `Forward`s of
+  one engine step in one packed pass. Folding stays inside each forward's branch tree
+  (`Forward.parents`), never across forwards; the position-wise work (norms, fused QKV, o_proj, FFN,
+  head) runs over the rows of all forwards at once, attention per forward over its own prefix cache
+  and window mask. Statistics per forward, in the same order, are left in `self.last_stats`
+  (`list[FoldStats]`) and, where `ForwardResult` has a `stats` field, in `result.stats` as
+  `FoldStats.counts()` (per-layer count lists): the engine adds them to request i's counters
+  (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
+  draft position was verified). `verify_many` does not touch the running totals.
+
 Invariants: the prefix cache is read through zero-copy views; the root branch always recomputes;
-`parents[b]` is branch b's parent inside the batch (-1 for the root); fold statistics accumulate
-per layer until `report()`.
+`parents[b]` is branch b's parent inside the batch (-1 for the root); the index structures of a
+verification (`PackPlan`) are built once per call, not per layer; fused q/k/v and gate/up weights
+are built once per verifier (one extra copy of those weights).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from specfold.kernels import LayerWeights, fold_layer
+from specfold.engine.forward import Forward, ForwardResult
+from specfold.kernels import LayerWeights, get_backend
+from specfold.kernels.fold_pack import PackPlan, Segment, packed_fold_layer
 from specfold.models.cache import PrefixCache
 from specfold.models.transformer import Transformer
+
+
+@dataclass
+class FoldStats:
+    """Fold counters per layer of one request (or of one forward): python ints."""
+
+    folded: list[int]
+    positions: list[int]
+    ffn_folded: list[int]
+    verifications: int = 0
+    root_only: int = field(default=0)  # verifications with no draft (dense forward, nothing to fold)
+
+    @classmethod
+    def zeros(cls, layers: int) -> "FoldStats":
+        return cls([0] * layers, [0] * layers, [0] * layers)
+
+    @classmethod
+    def from_counts(cls, counts: dict) -> "FoldStats":
+        """From the per-layer count lists of `counts()` (the `ForwardResult.stats` dict)."""
+        return cls(list(counts["folded"]), list(counts["positions"]), list(counts["ffn_folded"]),
+                   counts.get("verifications", 0), counts.get("root_only", 0))
+
+    def counts(self) -> dict:
+        """Per-layer "folded", "positions", "ffn_folded" lists (+ verification counts): what the engine
+        adds to a request's counters (sum them with `add`, derive ratios with `report`)."""
+        return {"folded": list(self.folded), "positions": list(self.positions), "ffn_folded": list(self.ffn_folded),
+                "verifications": self.verifications, "root_only": self.root_only}
+
+    def add(self, other: "FoldStats") -> None:
+        for mine, theirs in ((self.folded, other.folded), (self.positions, other.positions),
+                             (self.ffn_folded, other.ffn_folded)):
+            for li, x in enumerate(theirs):
+                mine[li] += x
+        self.verifications += other.verifications
+        self.root_only += other.root_only
+
+    def report(self, delta: float | None = None) -> dict:
+        """fold_ratio (all layers), fold_ratio_excl_layer0, fold_ratio_per_layer, ffn_fold_ratio:
+        folded / verified draft positions, None where no draft position was verified."""
+        def ratio(num: list[int], den: list[int]) -> float | None:
+            return sum(num) / sum(den) if sum(den) else None
+
+        out = {
+            "fold_ratio": ratio(self.folded, self.positions),
+            "fold_ratio_excl_layer0": ratio(self.folded[1:], self.positions[1:]),
+            "fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.folded, self.positions)],
+            "ffn_fold_ratio": ratio(self.ffn_folded, self.positions),
+            "fold_verifications": self.verifications,
+            "fold_root_only": self.root_only,
+        }
+        if delta is not None:
+            out["delta"] = delta
+        return out
 
 
 class FoldVerifier:
@@ -24,42 +96,111 @@ class FoldVerifier:
         if delta < 0:
             raise ValueError(f"delta must be >= 0, got {delta}")
         self.model, self.delta, self.backend = model, float(delta), backend
+        self.be = get_backend(backend)
         self.weights = [LayerWeights.from_layer(layer, model.spec.head_dim) for layer in model.layers]
+        with torch.no_grad():
+            for w in self.weights:  # fuse once, here, not per call
+                w.fused_qkv()
+                w.fused_gate_up()
+        self.last_stats: list[FoldStats] = []
         self.reset()
 
+    # ------------------------------------------------------------------ statistics (the loop's)
     def reset(self) -> None:
-        L = len(self.weights)
-        self.folded = [0] * L
-        self.positions = [0] * L
-        self.ffn_folded = [0] * L
+        self.totals = FoldStats.zeros(len(self.weights))
 
     def report(self) -> dict:
-        tot = sum(self.positions)
-        return {
-            "fold_ratio": sum(self.folded) / tot if tot else 0.0,
-            "fold_ratio_per_layer": [f / p if p else 0.0 for f, p in zip(self.folded, self.positions)],
-            "ffn_fold_ratio": sum(self.ffn_folded) / tot if tot else 0.0,
-            "delta": self.delta,
-        }
+        return self.totals.report(self.delta)
 
+    # ------------------------------------------------------------------ entry points
     def __call__(self, tokens: torch.Tensor, parents: list[int], positions: torch.Tensor,
                  cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor) -> torch.Tensor:
-        m = self.model
-        B, W = tokens.shape
-        x = m.embed(tokens)  # [B, W, d]
-        cos, sin = m.rope.cos_sin(positions, x.dtype)
-        qscale = m.rope.query_scale(positions, x.dtype)
-        if qscale is not None and not bool((qscale == 1).all()):
-            raise NotImplementedError("folded verification does not support Llama-4 query scaling past the "
-                                      "original context; use method='spiffy' (dense) for such positions")
-        par = torch.tensor(parents, dtype=torch.long, device=x.device)
-        win = mask if mask is not None else torch.ones(W, W, dtype=torch.bool, device=x.device)
-        s = m.spec
-        empty = x.new_zeros(s.num_kv_heads, 0, s.head_dim)
+        """tokens [B, W] (branch 0 = root), parents[b] = parent branch (-1 for the root) ->
+        logits [B, len(out_idx), V] at window indices `out_idx`."""
+        if tokens.shape[0] == 1:  # nothing to fold: the plain dense forward
+            self.totals.verifications += 1
+            self.totals.root_only += 1
+            return self.model(tokens, positions, cache=cache, mask=mask, logits_at=out_idx)
+        res = self.verify_many([Forward(tokens, positions, cache, mask, logits_at=out_idx, parents=list(parents))])
+        self.totals.add(self.last_stats[0])
+        return res[0].logits
+
+    def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]:
+        """One packed folded pass over the `kind="verify"` forwards of an engine step; per-forward
+        statistics in `self.last_stats`. Equal to calling `__call__` on each forward alone."""
+        m, s = self.model, self.model.spec
+        L = len(self.weights)
+        for f in forwards:
+            if f.write_cache:
+                raise ValueError("verify_many takes verification forwards (write_cache=False)")
+        if not forwards:
+            self.last_stats = []
+            return []
+        dtype = m.dtype
+        segs, cos, sin = [], [], []
+        for f in forwards:
+            B, W = f.tokens.shape
+            par = list(f.parents) if f.parents else ([-1] if B == 1 else [])
+            if len(par) != B:
+                raise ValueError(f"a forward with {B} branches needs {B} parents, got {len(f.parents)}")
+            c, sn = m.rope.cos_sin(f.positions, dtype)
+            qscale = m.rope.query_scale(f.positions, dtype)
+            if qscale is not None and not bool((qscale == 1).all()):
+                raise NotImplementedError("folded verification does not support Llama-4 query scaling past the "
+                                          "original context; use method='spiffy' (dense) for such positions")
+            segs.append(Segment(B, W, par, f.mask if f.mask is not None and not bool(f.mask.all()) else None))
+            cos.append(c)
+            sin.append(sn)
+        plan = PackPlan(segs, cos, sin, m.device)
+        X = m.embed(torch.cat([f.tokens.reshape(-1) for f in forwards]))            # [T, d]
+        empty = X.new_zeros(s.num_kv_heads, 0, s.head_dim)
+        stats = [FoldStats.zeros(L) for _ in forwards]
+        hidden: list[list[torch.Tensor]] = [[] for _ in forwards]
+        want_hidden = [f.return_hidden for f in forwards]
         for li, w in enumerate(self.weights):
-            pk, pv = cache.view(li) if cache is not None else (empty, empty)
-            x, st = fold_layer(x, par, w, cos, sin, pk, pv, win, self.delta, m.attn_scale, backend=self.backend)
-            self.folded[li] += st.folded
-            self.positions[li] += st.draft_positions
-            self.ffn_folded[li] += st.ffn_folded
-        return m.head(x[:, out_idx])
+            if any(want_hidden):
+                self._keep(hidden, X, segs, want_hidden)
+            prefixes = [f.cache.view(li) if f.cache is not None else (empty, empty) for f in forwards]
+            X, layer_stats = packed_fold_layer(X, plan, w, prefixes, self.delta, m.attn_scale, self.be)
+            for st, ls in zip(stats, layer_stats):
+                st.folded[li] += ls.folded
+                st.positions[li] += ls.draft_positions
+                st.ffn_folded[li] += ls.ffn_folded
+        if any(want_hidden):
+            self._keep(hidden, X, segs, want_hidden)
+        for st, sg in zip(stats, segs):
+            st.verifications = 1
+            st.root_only = int(sg.B1 == 1)
+        self.last_stats = stats
+        return self._heads(X, forwards, segs, hidden)
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _keep(hidden, X, segs, want) -> None:
+        for h, sg, wnt in zip(hidden, segs, want):
+            if wnt:
+                h.append(X[sg.offset: sg.offset + sg.size].view(sg.B1, sg.N, -1))
+
+    def _heads(self, X: torch.Tensor, forwards: list[Forward], segs: list[Segment],
+               hidden: list[list[torch.Tensor]]) -> list[ForwardResult]:
+        """The head once per head kind, over the selected rows of every forward at once."""
+        dev = X.device
+        picks = []
+        for f, sg in zip(forwards, segs):
+            at = f.logits_at if f.logits_at is not None else torch.arange(sg.N, device=dev)
+            idx = sg.offset + (torch.arange(sg.B1, device=dev)[:, None] * sg.N + at.to(dev)[None, :])
+            picks.append(idx.reshape(-1))
+        logits: list[torch.Tensor | None] = [None] * len(forwards)
+        for kind in dict.fromkeys(f.head for f in forwards):
+            sel = [i for i, f in enumerate(forwards) if f.head == kind]
+            out = self.model.head(X[torch.cat([picks[i] for i in sel])], kind)
+            for i, part in zip(sel, out.split([len(picks[i]) for i in sel])):
+                logits[i] = part.view(segs[i].B1, -1, part.shape[-1])
+        out = [ForwardResult(lg, h if f.return_hidden else None) for lg, h, f in zip(logits, hidden, forwards)]
+        if _RESULT_HAS_STATS:  # the engine's ForwardResult carries per-forward verifier statistics
+            for r, st in zip(out, self.last_stats):
+                r.stats = st.counts()
+        return out
+
+
+_RESULT_HAS_STATS = "stats" in getattr(ForwardResult, "__dataclass_fields__", {})

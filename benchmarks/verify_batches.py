@@ -1,0 +1,64 @@
+"""Verification batches exactly as the decode loop produces them (root + drafts), recorded for replay.
+
+`record(llm, prompts, params, limit)` runs the loop with a recording wrapper around its verifier and
+returns a list of `Batch`es: the branch tokens, parents, window positions, mask, the logits indices,
+and a private copy of the prefix cache as it was at that call (the loop's cache grows afterwards).
+Benchmarks replay them through DenseVerifier and FoldVerifier side by side.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfold.models.cache import PrefixCache
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor
+    parents: list[int]
+    positions: torch.Tensor
+    cache: PrefixCache | None
+    mask: torch.Tensor | None
+    out_idx: torch.Tensor
+
+    def args(self) -> tuple:
+        return self.tokens, self.parents, self.positions, self.cache, self.mask, self.out_idx
+
+
+def _copy_cache(c: PrefixCache | None) -> PrefixCache | None:
+    if c is None:
+        return None
+    L, hkv, _, D = c.k.shape
+    new = PrefixCache(L, hkv, D, c.k.dtype, c.k.device, capacity=max(c.length, 1))
+    new.k[:, :, : c.length] = c.k[:, :, : c.length]
+    new.v[:, :, : c.length] = c.v[:, :, : c.length]
+    new.length = c.length
+    return new
+
+
+class _Recorder:
+    def __init__(self, inner, out: list[Batch], limit: int):
+        self.inner, self.out, self.limit = inner, out, limit
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, tokens, parents, positions, cache, mask, out_idx, **kw):
+        if len(self.out) < self.limit:
+            self.out.append(Batch(tokens.clone(), list(parents), positions.clone(), _copy_cache(cache),
+                                  None if mask is None else mask.clone(), out_idx.clone()))
+        return self.inner(tokens, parents, positions, cache, mask, out_idx, **kw)
+
+
+def record(llm, prompts: list, params, limit: int = 10_000) -> list[Batch]:
+    """Verification batches of `llm.generate(prompts, params)` (at most `limit`), in call order."""
+    dec = llm.decoder(params)
+    out: list[Batch] = []
+    dec.verifier = _Recorder(dec.verifier, out, limit)
+    for pr in prompts:
+        dec.run(llm.encode(pr, params))
+        if len(out) >= limit:
+            break
+    return out
