@@ -1,0 +1,139 @@
+"""Loopback load on the OpenAI server: requests/s, output tokens/s and p50/p95 latency vs concurrency.
+
+    PYTHONPATH=$PWD OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/serve_load.py \
+        --concurrency 1,4,16 --requests 64 --max-tokens 64 [--baseline COMMIT]
+
+Starts `python -m specfold serve --model tiny` (the engine server) as a subprocess on a free port and,
+with `--baseline COMMIT`, also the server of that commit (e.g. 3a3fd80: one request at a time behind a
+lock), one after the other in the same run. Each client sends chat requests (held-out questions of the
+tiny model, greedy) one after another; `c` clients run concurrently; the same `--requests` total per
+level. Clients and server share the machine: on a 1-core pin the client side costs server time too.
+Prints one markdown row per (server, concurrency).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE_LAUNCHER = """
+import sys, uvicorn
+sys.path.insert(0, {tmp!r})
+from old_serve import create_app
+from specfold import LLM, DecodeParams
+uvicorn.run(create_app(LLM("tiny"), DecodeParams(max_new_tokens={max_tokens}), "tiny"),
+            host="127.0.0.1", port={port}, log_level="warning")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int) -> subprocess.Popen:
+    import httpx
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start: {cmd}")
+
+
+def engine_server(port: int, max_tokens: int) -> subprocess.Popen:
+    return start([sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--port", str(port),
+                  "--max-new-tokens", str(max_tokens), "--max-num-seqs", "64", "--log-level", "warning"], port)
+
+
+def baseline_server(port: int, max_tokens: int, commit: str, tmp: str) -> subprocess.Popen:
+    src = subprocess.run(["git", "show", f"{commit}:specfold/serve.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    Path(tmp, "old_serve.py").write_text(src)
+    code = BASELINE_LAUNCHER.format(tmp=tmp, max_tokens=max_tokens, port=port)
+    return start([sys.executable, "-c", code], port)
+
+
+async def load(url: str, questions: list[str], concurrency: int, total: int, max_tokens: int) -> dict:
+    import httpx
+    lat: list[float] = []
+    toks = errors = 0
+    todo = iter(range(total))
+
+    async def client(c: httpx.AsyncClient) -> None:
+        nonlocal toks, errors
+        for i in todo:
+            body = {"model": "tiny", "max_tokens": max_tokens, "temperature": 0,
+                    "messages": [{"role": "user", "content": questions[i % len(questions)]}]}
+            t = time.perf_counter()
+            r = await c.post(url + "/v1/chat/completions", json=body)
+            lat.append(time.perf_counter() - t)
+            if r.status_code != 200:
+                errors += 1
+                continue
+            toks += r.json()["usage"]["completion_tokens"]
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency)) as c:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(c) for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    lat.sort()
+    return {"concurrency": concurrency, "requests": total, "errors": errors, "wall_s": wall,
+            "req_per_s": total / wall, "out_tok_per_s": toks / wall, "p50_s": statistics.median(lat),
+            "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--baseline", default=None, help="also measure the server of this commit")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    a = ap.parse_args()
+    rows_in = (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()
+    questions = [json.loads(r)["question"] for r in rows_in[:32]]
+    levels = [int(c) for c in a.concurrency.split(",")]
+    servers = [("engine", lambda p, tmp: engine_server(p, a.max_tokens))]
+    if a.baseline:
+        servers.append((f"lock ({a.baseline})", lambda p, tmp: baseline_server(p, a.max_tokens, a.baseline, tmp)))
+    rows = []
+    print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, launch in servers:
+        with tempfile.TemporaryDirectory() as tmp:
+            port = free_port()
+            proc = launch(port, tmp)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                asyncio.run(load(url, questions, 2, 4, a.max_tokens))  # warm-up
+                for c in levels:
+                    r = asyncio.run(load(url, questions, c, a.requests, a.max_tokens))
+                    rows.append(dict(r, server=name))
+                    print(f"| {name} | {c} | {r['requests']} | {r['errors']} | {r['req_per_s']:.1f} | "
+                          f"{r['out_tok_per_s']:.0f} | {r['p50_s']:.3f} | {r['p95_s']:.3f} |", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
