@@ -3,9 +3,9 @@
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/serve_load.py \
         --concurrency 1,4,16 --requests 64 --max-tokens 64 [--baseline COMMIT]
 
-Starts `python -m specfold serve --model tiny` (the engine server) as a subprocess on a free port and,
-with `--baseline COMMIT`, also the server of that commit (e.g. 3a3fd80: one request at a time behind a
-lock), one after the other in the same run. Each client sends chat requests (held-out questions of the
+Starts `specfold serve --model tiny` of this tree (the engine server) as a subprocess on a free port
+and, with `--baseline COMMIT`, also the server of that commit's tree (e.g. 3a3fd80: one request at a
+time behind a lock), one after the other in the same run. Each client sends chat requests (held-out questions of the
 tiny model, greedy) one after another; `c` clients run concurrently; the same `--requests` total per
 level. Clients and server share the machine: on a 1-core pin the client side costs server time too.
 Prints one markdown row per (server, concurrency).
@@ -25,14 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE_LAUNCHER = """
-import sys, uvicorn
-sys.path.insert(0, {tmp!r})
-from old_serve import create_app
-from specfold import LLM, DecodeParams
-uvicorn.run(create_app(LLM("tiny"), DecodeParams(max_new_tokens={max_tokens}), "tiny"),
-            host="127.0.0.1", port={port}, log_level="warning")
-"""
+CLI = "import sys; from specfold.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def free_port() -> int:
@@ -41,10 +34,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], port: int) -> subprocess.Popen:
+def start(src: Path, port: int, max_tokens: int, extra: list[str]) -> subprocess.Popen:
+    """`specfold serve --model tiny` from the source tree `src`, on `port`; returns once it answers."""
     import httpx
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+    cmd = [sys.executable, "-c", CLI, "serve", "--model", "tiny", "--port", str(port),
+           "--max-new-tokens", str(max_tokens), *extra]
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, env=env, cwd=src, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -56,17 +52,11 @@ def start(cmd: list[str], port: int) -> subprocess.Popen:
     raise RuntimeError(f"server did not start: {cmd}")
 
 
-def engine_server(port: int, max_tokens: int) -> subprocess.Popen:
-    return start([sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--port", str(port),
-                  "--max-new-tokens", str(max_tokens), "--max-num-seqs", "64", "--log-level", "warning"], port)
-
-
-def baseline_server(port: int, max_tokens: int, commit: str, tmp: str) -> subprocess.Popen:
-    src = subprocess.run(["git", "show", f"{commit}:specfold/serve.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    Path(tmp, "old_serve.py").write_text(src)
-    code = BASELINE_LAUNCHER.format(tmp=tmp, max_tokens=max_tokens, port=port)
-    return start([sys.executable, "-c", code], port)
+def checkout(commit: str, into: str) -> Path:
+    """The tree of `commit` (e.g. the lock-based server before the engine), extracted into `into`."""
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", into], input=archive, check=True)
+    return Path(into)
 
 
 async def load(url: str, questions: list[str], concurrency: int, total: int, max_tokens: int) -> dict:
@@ -109,16 +99,17 @@ def main() -> int:
     rows_in = (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()
     questions = [json.loads(r)["question"] for r in rows_in[:32]]
     levels = [int(c) for c in a.concurrency.split(",")]
-    servers = [("engine", lambda p, tmp: engine_server(p, a.max_tokens))]
+    servers = [("engine", lambda tmp: (ROOT, ["--max-num-seqs", "64", "--log-level", "warning"]))]
     if a.baseline:
-        servers.append((f"lock ({a.baseline})", lambda p, tmp: baseline_server(p, a.max_tokens, a.baseline, tmp)))
+        servers.append((f"lock ({a.baseline})", lambda tmp: (checkout(a.baseline, tmp), [])))
     rows = []
     print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, launch in servers:
         with tempfile.TemporaryDirectory() as tmp:
             port = free_port()
-            proc = launch(port, tmp)
+            src, extra = launch(tmp)
+            proc = start(src, port, a.max_tokens, extra)
             try:
                 url = f"http://127.0.0.1:{port}"
                 asyncio.run(load(url, questions, 2, 4, a.max_tokens))  # warm-up

@@ -105,6 +105,19 @@ def test_stream_arrives_block_by_block(llm, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
 
 
+def test_stream_n_choices(llm, client):
+    want = chat_reference(llm, Q2, max_new_tokens=40).text
+    texts = {0: "", 1: ""}
+    finish = {}
+    for c in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": Q2}],
+                                            max_tokens=40, temperature=0, n=2, stream=True):
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+    assert texts == {0: want, 1: want} and set(finish) == {0, 1}
+
+
 def test_stream_raw_sse_completions(llm, server):
     prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": Q2}])  # the chat turn, as text
     want = llm.generate([prompt], SamplingParams(max_new_tokens=48))[0]
@@ -252,6 +265,14 @@ def test_full_engine_answers_429(narrow):
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "engine_full"
         assert busy.headers["retry-after"] == "1"
     wait_until(lambda: health(narrow)["running"] == 0, "the closed stream to be aborted")
+    wait_until(lambda: not narrow.engine.has_unfinished(), "the engine to drain")
+    before = health(narrow)
+    both = httpx.post(narrow.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "n": 2})
+    assert both.status_code == 429  # n=2 needs two slots: refused as a whole, the first one taken back
+    h = health(narrow)
+    assert h["refused"] == before["refused"] + 1 and h["added"] == before["added"] and h["running"] == 0
+    wait_until(lambda: not narrow.engine.has_unfinished(), "the engine to drain")
+    assert not narrow.engine.requests
 
 
 def _next_request_runs(narrow, aborted_before):
