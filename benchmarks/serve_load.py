@@ -1,14 +1,16 @@
 """Loopback load on the OpenAI server: requests/s, output tokens/s and p50/p95 latency vs concurrency.
 
     PYTHONPATH=$PWD OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/serve_load.py \
-        --concurrency 1,4,16 --requests 64 --max-tokens 64 [--baseline COMMIT]
+        --concurrency 1,4,16 --requests 64 --max-tokens 64 [--baseline COMMIT] [--direct]
 
 Starts `specfold serve --model tiny` of this tree (the engine server) as a subprocess on a free port
 and, with `--baseline COMMIT`, also the server of that commit's tree (e.g. 3a3fd80: one request at a
-time behind a lock), one after the other in the same run. Each client sends chat requests (held-out questions of the
-tiny model, greedy) one after another; `c` clients run concurrently; the same `--requests` total per
-level. Clients and server share the machine: on a 1-core pin the client side costs server time too.
-Prints one markdown row per (server, concurrency).
+time behind a lock), one after the other in the same run. Each client sends chat requests (held-out
+questions of the tiny model, greedy) one after another; `c` clients run concurrently; the same
+`--requests` total per level. Clients and server share the machine: on a 1-core pin the client side
+costs server time too. `--direct` adds the same requests through an in-process Engine (no HTTP, all
+queued at once, so its latencies include the queue wait): the engine's own throughput, to separate
+it from the server's. Prints one markdown row per (server, concurrency).
 """
 from __future__ import annotations
 
@@ -88,12 +90,44 @@ async def load(url: str, questions: list[str], concurrency: int, total: int, max
             "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))]}
 
 
+def direct(questions: list[str], concurrency: int, total: int, max_tokens: int) -> dict:
+    """The same requests through an in-process Engine (no HTTP), all queued at once with
+    max_num_seqs=concurrency: what the engine does without arrival gaps or server overhead."""
+    from specfold import LLM
+    from specfold.engine.engine import Engine
+    from specfold.params import EngineConfig, SamplingParams
+    llm = LLM("tiny")
+    tok = llm.tokenizer
+    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": questions[i % len(questions)]}]))
+           for i in range(total)]
+    eng = Engine(llm, EngineConfig(max_num_seqs=concurrency, max_waiting=total))
+    t0 = time.perf_counter()
+    start = {eng.add_request(i, SamplingParams(max_new_tokens=max_tokens)): t0 for i in ids}
+    lat, toks = [], 0
+    while eng.has_unfinished():
+        for d in eng.step():
+            if d.finished:
+                lat.append(time.perf_counter() - start[d.request_id])
+                toks += len(d.output.token_ids)
+    wall = time.perf_counter() - t0
+    lat.sort()
+    return {"concurrency": concurrency, "requests": total, "errors": 0, "wall_s": wall, "req_per_s": total / wall,
+            "out_tok_per_s": toks / wall, "p50_s": statistics.median(lat),
+            "p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))], "steps": eng.steps}
+
+
+def row(name: str, r: dict) -> str:
+    return (f"| {name} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['req_per_s']:.1f} | "
+            f"{r['out_tok_per_s']:.0f} | {r['p50_s']:.3f} | {r['p95_s']:.3f} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--requests", type=int, default=64, help="requests per concurrency level")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--baseline", default=None, help="also measure the server of this commit")
+    ap.add_argument("--direct", action="store_true", help="also run the requests through an in-process Engine")
     ap.add_argument("--json", default=None, help="write the rows here")
     a = ap.parse_args()
     rows_in = (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()
@@ -116,11 +150,15 @@ def main() -> int:
                 for c in levels:
                     r = asyncio.run(load(url, questions, c, a.requests, a.max_tokens))
                     rows.append(dict(r, server=name))
-                    print(f"| {name} | {c} | {r['requests']} | {r['errors']} | {r['req_per_s']:.1f} | "
-                          f"{r['out_tok_per_s']:.0f} | {r['p50_s']:.3f} | {r['p95_s']:.3f} |", flush=True)
+                    print(row(name, r), flush=True)
             finally:
                 proc.terminate()
                 proc.wait(30)
+    if a.direct:
+        for c in levels:
+            r = direct(questions, c, a.requests, a.max_tokens)
+            rows.append(dict(r, server="in-process engine"))
+            print(row("in-process engine (no HTTP, all queued)", r), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

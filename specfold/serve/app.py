@@ -7,7 +7,8 @@ Invariants:
   `p * n + i` (the request's `seed`, or one drawn at random when absent).
 - A client that goes away (stream or not) has its unfinished engine requests aborted at once.
 - Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 bad input, 404
-  unknown model or route, 429 engine full (EngineFull, with Retry-After); 500 only for a genuine internal error (logged).
+  unknown model or route, 429 engine full (EngineFull, with Retry-After); 500 only for a genuine
+  internal error (logged).
 
 No `from __future__ import annotations` here: FastAPI reads the handlers' `Request` annotation at
 runtime, and FastAPI is imported inside `create_app` (the serve extra stays optional).
