@@ -5,7 +5,7 @@
 
 Starts `specfold serve --model tiny` of this tree (the engine server) as a subprocess on a free port
 and, with `--baseline COMMIT`, also the server of that commit's tree (e.g. 3a3fd80: one request at a
-time behind a lock), one after the other in the same run. Each client sends chat requests (held-out
+time behind a lock) in the same run; each level runs on every server back to back. Each client sends chat requests (held-out
 questions of the tiny model, greedy) one after another; `c` clients run concurrently; the same
 `--requests` total per level. Clients and server share the machine: on a 1-core pin the client side
 costs server time too. `--direct` adds the same requests through an in-process Engine (no HTTP, all
@@ -139,26 +139,28 @@ def main() -> int:
     rows = []
     print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, launch in servers:
-        with tempfile.TemporaryDirectory() as tmp:
-            port = free_port()
-            src, extra = launch(tmp)
-            proc = start(src, port, a.max_tokens, extra)
-            try:
-                url = f"http://127.0.0.1:{port}"
-                asyncio.run(load(url, questions, 2, 4, a.max_tokens))  # warm-up
-                for c in levels:
+    with tempfile.TemporaryDirectory() as tmp:
+        procs, urls = [], []
+        try:
+            for name, launch in servers:  # all up at once (idle servers cost nothing), then interleaved
+                port = free_port()
+                src, extra = launch(tmp)
+                procs.append(start(src, port, a.max_tokens, extra))
+                urls.append(f"http://127.0.0.1:{port}")
+                asyncio.run(load(urls[-1], questions, 2, 4, a.max_tokens))  # warm-up
+            for c in levels:  # per level, every server back to back: drift in machine load hits all alike
+                for (name, _), url in zip(servers, urls):
                     r = asyncio.run(load(url, questions, c, a.requests, a.max_tokens))
                     rows.append(dict(r, server=name))
                     print(row(name, r), flush=True)
-            finally:
+                if a.direct:
+                    r = direct(questions, c, a.requests, a.max_tokens)
+                    rows.append(dict(r, server="in-process engine"))
+                    print(row("in-process engine (no HTTP, all queued)", r), flush=True)
+        finally:
+            for proc in procs:
                 proc.terminate()
                 proc.wait(30)
-    if a.direct:
-        for c in levels:
-            r = direct(questions, c, a.requests, a.max_tokens)
-            rows.append(dict(r, server="in-process engine"))
-            print(row("in-process engine (no HTTP, all queued)", r), flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
     return 0

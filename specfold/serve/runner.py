@@ -11,9 +11,9 @@ Invariants:
   items until every member has finished.
 - `Group.close()` on an unfinished group (the client went away) aborts its unfinished members in the
   engine before the next step, which frees their slots and caches; their later deltas are dropped.
-- With nothing unfinished the thread blocks on the command queue (no busy loop). An exception from
-  `Engine.step` is an internal error: it is logged, every live group receives it, its members are
-  aborted, and the thread keeps serving.
+- With nothing unfinished in the engine the thread blocks on the command queue (no busy loop). An
+  exception from `Engine.step` (or a live request the engine no longer holds) is an internal error:
+  it is logged, every live group receives it, its members are aborted, and the thread keeps serving.
 """
 from __future__ import annotations
 
@@ -118,12 +118,16 @@ class EngineRunner:
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         while True:
-            idle = not self._live and not self.engine.has_unfinished()
-            cmd = self._cmds.get() if idle else self._get_nowait()
+            if self._live and not self.engine.has_unfinished():  # an engine bug: never leave a client hanging
+                self._fail_live(RuntimeError("the engine dropped requests without a final delta"))
+            cmd = self._cmds.get() if not self.engine.has_unfinished() else self._get_nowait()
             while cmd is not False:
                 if cmd is None:
                     return
-                self._apply(cmd)
+                try:
+                    self._apply(cmd)
+                except Exception:  # a bug in add/abort must not kill the engine thread
+                    log.exception("engine command %r failed", cmd[0])
                 cmd = self._get_nowait()
             if self.engine.has_unfinished():
                 self._step()
@@ -167,13 +171,7 @@ class EngineRunner:
         except Exception as e:  # an internal error: fail the live requests, keep serving
             log.exception("engine step failed")
             self.counters.step_errors += 1
-            live, self._live = self._live, {}
-            for rid, (group, _) in live.items():
-                group.put(e)
-                try:
-                    self.engine.abort(rid)
-                except Exception:
-                    log.exception("abort after a failed step failed")
+            self._fail_live(e)
             return
         self.counters.steps += 1
         for d in deltas:
@@ -185,3 +183,14 @@ class EngineRunner:
             if d.finished:
                 del self._live[d.request_id]
                 self.counters.finished += 1
+
+    def _fail_live(self, e: Exception) -> None:
+        """Hand `e` to every live group (an internal error) and abort their requests."""
+        log.error("failing %d live requests: %s", len(self._live), e)
+        live, self._live = self._live, {}
+        for rid, (group, _) in live.items():
+            group.put(e)
+            try:
+                self.engine.abort(rid)
+            except Exception:
+                log.exception("abort after an internal error failed")
