@@ -1,0 +1,71 @@
+"""OpenAI-compatible HTTP server on the engine: `specfold serve --model PATH [engine flags]`.
+
+- protocol.py: request validation, error bodies, response and chunk shapes (no FastAPI);
+- runner.py: the engine thread (steps the Engine continuously) and the queues to the handlers;
+- app.py: the FastAPI app (/v1/models, /v1/completions, /v1/chat/completions, /health).
+
+The engine (method, draft policy, graph, branches, δ, backend, scheduler limits) is fixed by CLI flags
+when the server starts; clients choose only what a request may choose (see protocol.py and
+docs/SERVING.md). Needs the `serve` extra (fastapi, uvicorn), imported only when the server runs.
+"""
+from __future__ import annotations
+
+import argparse
+
+from specfold.errors import SpecfoldError
+
+
+def create_app(*args, **kw):
+    """`specfold.serve.app.create_app` (imports FastAPI)."""
+    from specfold.serve.app import create_app as make
+    return make(*args, **kw)
+
+
+def _require_extra() -> None:
+    for name in ("fastapi", "uvicorn"):
+        try:
+            __import__(name)
+        except ModuleNotFoundError:
+            raise SpecfoldError(f"`specfold serve` needs the optional package {name!r}; install it with "
+                                f"pip install 'specfold[serve]'") from None
+
+
+def build_engine(llm, a: argparse.Namespace):
+    """The Engine of the CLI's engine flags (method, rule, drafts, graph, δ, backend, limits)."""
+    from specfold.cli import params_from_args
+    from specfold.engine.engine import Engine
+    config, _ = params_from_args(a).split()
+    return Engine(llm, config.replace(max_num_seqs=a.max_num_seqs, max_waiting=a.max_waiting))
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    _require_extra()
+    import uvicorn
+
+    from specfold.cli import llm_from_args
+    from specfold.serve.app import ServeConfig
+    llm = llm_from_args(a)
+    engine = build_engine(llm, a)
+    name = a.served_model_name or str(a.model)
+    config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature)
+    app = create_app(llm, engine, config)
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    return 0
+
+
+def register(sub) -> None:
+    from specfold.cli import add_decode_args, add_model_args
+    p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)",
+                       description="Engine flags are fixed for the server's life; --max-new-tokens and "
+                                   "--temperature are the defaults of requests that give none; a request "
+                                   "without a seed gets a random one (--seed is not used).")
+    add_model_args(p)
+    add_decode_args(p)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: --model as given)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded at once")
+    g.add_argument("--max-waiting", type=int, default=256, help="requests queued beyond those; more get 429")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(func=cmd_serve)

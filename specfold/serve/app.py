@@ -1,0 +1,281 @@
+"""The FastAPI app: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE), /health.
+
+Invariants:
+- Handlers never decode: they validate (protocol.py), tokenise, submit one group of engine requests
+  to the runner (runner.py) and await its deltas. Concurrent clients are batched by the engine.
+- Choice `i` of a request (prompt `p`, `n` choices) is the engine request of `seed + i`, index
+  `p * n + i` (the request's `seed`, or one drawn at random when absent).
+- A client that goes away (stream or not) has its unfinished engine requests aborted at once.
+- Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 bad input, 404
+  unknown model or route, 429 engine full (EngineFull, with Retry-After); 500 only for a genuine
+  internal error (logged).
+
+No `from __future__ import annotations` here: FastAPI reads the handlers' `Request` annotation at
+runtime, and FastAPI is imported inside `create_app` (the serve extra stays optional).
+"""
+import asyncio
+import json
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass
+
+from specfold.errors import EngineFull, SpecfoldError
+from specfold.params import SamplingParams
+from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, choice, chunk_choice, envelope,
+                                     new_id, parse_request, usage)
+from specfold.serve.runner import EngineRunner
+
+log = logging.getLogger("specfold.serve")
+
+
+@dataclass(slots=True)
+class ServeConfig:
+    model_name: str  # what clients pass as `model`
+    max_tokens: int = 256  # when a request gives no max_tokens
+    temperature: float = 0.0  # when a request gives no temperature
+
+
+def engine_error(e: BaseException) -> ApiError:
+    """An exception the engine raised for one request, as the client's error."""
+    if isinstance(e, EngineFull):
+        return ApiError(429, str(e) or "the engine is full; retry later", code="engine_full", type="server_error")
+    if isinstance(e, SpecfoldError):
+        return bad(None, str(e))
+    log.error("internal error in the engine", exc_info=e)
+    return ApiError(500, "internal server error", code="internal_error", type="server_error")
+
+
+class Service:
+    """What the handlers need: the LLM (tokenizer, spec), the runner and the config."""
+
+    def __init__(self, llm, runner: EngineRunner, config: ServeConfig):
+        self.llm, self.runner, self.config = llm, runner, config
+
+    def check_model(self, name: str) -> None:
+        if name != self.config.model_name:
+            raise ApiError(404, f"model {name!r} does not exist; this server serves {self.config.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def encode(self, req: GenRequest, max_tokens: int) -> list[list[int]]:
+        tok = self.llm.tokenizer
+        texts = [self._chat_text(req.messages)] if req.chat else req.prompts
+        if tok is None and any(isinstance(t, str) for t in texts):
+            raise bad("messages" if req.chat else "prompt", "this checkpoint has no tokenizer: send "
+                      "/v1/completions prompts as lists of token ids")
+        out = []
+        for t in texts:
+            ids = tok.encode(t) if isinstance(t, str) else list(t)
+            self._check_ids(ids, max_tokens, "messages" if req.chat else "prompt")
+            out.append(ids)
+        return out
+
+    def _chat_text(self, messages: list[dict]) -> str:
+        from jinja2.exceptions import TemplateError
+        if self.llm.tokenizer is None:
+            raise bad("messages", "this checkpoint has no tokenizer: chat is unavailable; use /v1/completions "
+                                  "with token-id prompts")
+        try:
+            return self.llm.tokenizer.apply_chat_template(messages)
+        except TemplateError as e:
+            raise bad("messages", f"the model's chat template refused these messages: {e}") from None
+        except SpecfoldError as e:
+            raise bad("messages", str(e)) from None
+
+    def _check_ids(self, ids: list[int], max_tokens: int, param: str) -> None:
+        spec = self.llm.spec
+        if not ids:
+            raise bad(param, "the prompt encodes to no tokens")
+        out = [t for t in ids if t >= spec.vocab_size]
+        if out:
+            raise bad(param, f"prompt token ids outside the vocabulary [0, {spec.vocab_size}): {out[:5]}")
+        ctx = spec.max_position_embeddings
+        if len(ids) + max_tokens > ctx:
+            raise bad("max_tokens", f"prompt of {len(ids)} tokens + max_tokens={max_tokens} exceeds the model's "
+                                    f"context of {ctx} positions", code="context_length_exceeded")
+
+    def items(self, req: GenRequest) -> tuple[list[tuple[list[int], object]], int]:
+        """The group's `(prompt_ids, SamplingParams)` items and its prompt token count."""
+        max_tokens = req.max_tokens or self.config.max_tokens
+        temperature = self.config.temperature if req.temperature is None else req.temperature
+        seed = random.randrange(MAX_SEED) if req.seed is None else req.seed
+        prompts = self.encode(req, max_tokens)
+        items = []
+        for ids in prompts:
+            for i in range(req.n):
+                try:
+                    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature,
+                                                  seed=(seed + i) % MAX_SEED, stop=list(req.stop))
+                except SpecfoldError as e:
+                    raise bad(None, str(e)) from None
+                items.append((ids, params))
+        return items, sum(len(p) for p in prompts)
+
+
+# ---------------------------------------------------------------------------------- responses
+async def _disconnected(request) -> None:
+    """Return when the client closes the connection (the request body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def collect(group, request, n_items: int):
+    """Texts, finish reasons and completion token counts of a group, or None if the client left."""
+    texts, reasons, tokens = [""] * n_items, [None] * n_items, [0] * n_items
+
+    async def gather():
+        async for i, d in group.events():
+            texts[i] += d.text_delta
+            tokens[i] += len(d.new_token_ids)
+            if d.finished:
+                reasons[i] = d.finish_reason
+                if d.output is not None:
+                    tokens[i] = len(d.output.token_ids)
+
+    work, watch = asyncio.ensure_future(gather()), asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            return None
+        work.result()
+        return texts, reasons, tokens
+    finally:
+        work.cancel()
+        watch.cancel()
+        group.close()
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens: int):
+    """Server-sent events: one chunk per delta with text, a finish chunk per choice, [DONE]."""
+    rid, created = new_id(req.chat), int(time.time())
+    tokens = [0] * n_items
+
+    def chunk(choices, usage_=None):
+        return sse(envelope(rid, req.chat, model, choices, stream=True, created=created, usage_=usage_))
+    try:
+        if req.chat:
+            for i in range(n_items):
+                yield chunk([chunk_choice(True, i, "", None, first=True)])
+        async for i, d in group.events():
+            tokens[i] = len(d.output.token_ids) if d.output is not None else tokens[i] + len(d.new_token_ids)
+            if d.text_delta:
+                yield chunk([chunk_choice(req.chat, i, d.text_delta, None)])
+            if d.finished:
+                yield chunk([chunk_choice(req.chat, i, None, d.finish_reason)])
+        if req.include_usage:
+            yield chunk([], usage(prompt_tokens, sum(tokens)))
+    except Exception as e:  # an internal error after the headers went out: tell the client in-band
+        yield sse(engine_error(e).body())
+    finally:
+        group.close()  # a cancelled generator (client gone) aborts its unfinished requests here
+    yield "data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------------------------- the app
+def create_app(llm, engine, config: ServeConfig):
+    """The app around an Engine (stepped in a background thread started with the app)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.background import BackgroundTask
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+
+    service = Service(llm, EngineRunner(engine), config)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        service.runner.start()
+        yield
+        service.runner.stop()
+
+    app = FastAPI(title="specfold", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(ApiError)
+    async def api_error(_r, e: ApiError):
+        headers = {"Retry-After": "1"} if e.status in (429, 503) else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_r, e):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return JSONResponse(ApiError(e.status_code, str(e.detail), code=code).body(), status_code=e.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_r, e):
+        return JSONResponse(bad(None, f"invalid request: {e.errors()}").body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_r, e):
+        log.error("internal error", exc_info=e)
+        return JSONResponse(ApiError(500, "internal server error", code="internal_error",
+                                     type="server_error").body(), status_code=500)
+
+    async def generate(request: Request, chat: bool):
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError as e:
+            raise bad(None, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+        req = parse_request(body, chat)
+        service.check_model(req.model)
+        items, prompt_tokens = service.items(req)
+        group = service.runner.submit(items)
+        try:
+            await group.started()
+        except asyncio.CancelledError:
+            group.close()
+            raise
+        except Exception as e:
+            raise engine_error(e) from None
+        if req.stream:
+            # background: closes the group even when the client leaves before the first chunk
+            return StreamingResponse(stream(group, req, config.model_name, len(items), prompt_tokens),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                     background=BackgroundTask(group.close))
+        try:
+            got = await collect(group, request, len(items))
+        except Exception as e:
+            raise engine_error(e) from None
+        if got is None:  # the client left; nobody reads this
+            return JSONResponse({}, status_code=499)
+        texts, reasons, tokens = got
+        choices = [choice(chat, i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+        return JSONResponse(envelope(new_id(chat), chat, config.model_name, choices, stream=False,
+                                     usage_=usage(prompt_tokens, sum(tokens))))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate(request, chat=True)
+
+    def model_card() -> dict:
+        return {"id": config.model_name, "object": "model", "created": 0, "owned_by": "specfold"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        service.check_model(name)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        if not service.runner.alive():
+            raise ApiError(503, "the engine thread is not running", code="engine_down", type="server_error")
+        return {"status": "ok", "running": service.runner.running(), **asdict(service.runner.counters)}
+
+    return app
