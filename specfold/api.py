@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from specfold.decoding.causal.methods import CausalMethod, generate_one
 from specfold.decoding.loop import Decoder
 from specfold.decoding.methods import get_method
 from specfold.errors import CheckpointError, ParamsError
@@ -89,9 +90,12 @@ class LLM:
         return ids
 
     # ------------------------------------------------------------------ generate
-    def decoder(self, params: DecodeParams) -> Decoder:
+    def decoder(self, params: DecodeParams):
+        build = get_method(params.method)
+        if getattr(build, "program", False):  # causal programs (decoding/causal/), not the block loop
+            return build(self.model, self.spec, params)
         p = params.resolve(self.spec)
-        policy, verifier = get_method(p.method)(self.model, self.spec, p)
+        policy, verifier = build(self.model, self.spec, p)
         return Decoder(self.model, self.spec, p, policy, verifier)
 
     def generate(self, prompts: Prompt | Sequence[Prompt], params: DecodeParams | None = None,
@@ -111,13 +115,22 @@ class LLM:
             it = tqdm(encoded, desc=f"generate[{params.method}]", unit="prompt")
         outs = []
         for prompt, ids in zip(prompts, it):
-            for part in (dec.policy, dec.verifier):  # per-request counters of drafts and verifiers
-                getattr(part, "reset", lambda: None)()
-            gen, finish, stats = dec.run(ids)
-            for part in (dec.policy, dec.verifier):
-                stats.extra.update(getattr(part, "report", dict)())
+            if isinstance(dec, CausalMethod):
+                gen, finish, stats = generate_one(dec, self.model, ids, params.max_new_tokens,
+                                                  self.spec.stop_token_ids)
+            else:
+                gen, finish, stats = self._run_block_loop(dec, ids)
             text = self.tokenizer.decode(gen) if self.tokenizer is not None else ""
             outs.append(RequestOutput(prompt=prompt if isinstance(prompt, str) else None,
                                       prompt_token_ids=ids, token_ids=gen, text=text,
                                       finish_reason=finish, stats=stats))
         return outs
+
+    @staticmethod
+    def _run_block_loop(dec: Decoder, ids: list[int]):
+        for part in (dec.policy, dec.verifier):  # per-request counters of drafts and verifiers
+            getattr(part, "reset", lambda: None)()
+        gen, finish, stats = dec.run(ids)
+        for part in (dec.policy, dec.verifier):
+            stats.extra.update(getattr(part, "report", dict)())
+        return gen, finish, stats

@@ -48,8 +48,8 @@ class DecodeParams:
             raise ParamsError(f"unknown rule {self.rule!r}; accepted: {list(RULES)}")
         if self.confidence is not None and self.confidence not in CONFIDENCES:
             raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
-        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            raise ParamsError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
         for name in ("block_size", "sub_block_size", "tokens_per_step", "steps"):
             v = getattr(self, name)
             if v is not None and v <= 0:

@@ -21,7 +21,7 @@ def register(name: str):
 
 def _load_builtin() -> None:
     import importlib
-    for mod in ("vanilla", "freedave", "spiffy", "specfold"):
+    for mod in ("vanilla", "freedave", "spiffy", "specfold", "causal"):
         try:
             importlib.import_module(f"specfold.decoding.methods.{mod}")
         except ModuleNotFoundError as e:  # a method not built yet is simply not offered

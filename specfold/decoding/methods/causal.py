@@ -1,0 +1,13 @@
+"""Nemotron-Labs-Diffusion's own fast modes as registered methods: `ar`, `linear_spec` (one branch),
+`linear_spec_multi` (dense multi-branch) and `linear_specfold` (folded multi-branch). They are
+per-request programs (decoding/causal/), not draft policies of the block loop: each builder is marked
+`program = True` and returns a `CausalMethod`."""
+from functools import partial
+
+from specfold.decoding.causal.methods import NAMES, build
+from specfold.decoding.methods import register
+
+for _name in NAMES:
+    _fn = partial(build, _name)
+    _fn.program = True
+    register(_name)(_fn)
