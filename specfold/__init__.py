@@ -5,8 +5,10 @@
     print(out.text, out.stats.nfe, out.stats.tokens_per_forward)
 """
 from specfold.api import LLM
+from specfold.engine.engine import Engine, RequestDelta
 from specfold.outputs import DecodeStats, RequestOutput
-from specfold.params import DecodeParams
+from specfold.params import DecodeParams, EngineConfig, SamplingParams
 
-__all__ = ["LLM", "DecodeParams", "RequestOutput", "DecodeStats"]
+__all__ = ["LLM", "DecodeParams", "EngineConfig", "SamplingParams", "Engine", "RequestDelta", "RequestOutput",
+           "DecodeStats"]
 __version__ = "0.1.0"

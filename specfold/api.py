@@ -1,9 +1,16 @@
 """`LLM`: load a checkpoint once, then `generate(prompts, params)` like vLLM.
 
+    llm = LLM("tiny", config=EngineConfig(method="spiffy"))      # or engine fields as keywords
+    outs = llm.generate(prompts, SamplingParams(max_new_tokens=64))
+
+`generate` adds every prompt to an `Engine` and steps it until all are done (continuous batching:
+prompts join as running ones finish). With `DecodeParams` (the all-in-one convenience) it splits
+them into an `EngineConfig` for this call and `SamplingParams` per prompt.
+
 Invariants: prompts are validated before any forward (non-empty list; each a non-empty string or a
 list of in-vocabulary token ids; prompt + max_new_tokens within the model's context); nothing is
-truncated. Requests are decoded one at a time (each with its own prefix cache); stats are returned
-per request in `RequestOutput.stats`, never printed.
+truncated. Each request has its own prefix cache; stats are returned per request in
+`RequestOutput.stats`, never printed; outputs come back in prompt order.
 """
 from __future__ import annotations
 
@@ -14,14 +21,14 @@ from typing import Sequence
 
 import torch
 
-from specfold.decoding.causal.methods import CausalMethod, generate_one
 from specfold.decoding.loop import Decoder
 from specfold.decoding.methods import get_method
+from specfold.engine.engine import Engine
 from specfold.errors import CheckpointError, ParamsError
 from specfold.models.loader import load_model
 from specfold.models.tokenizer import Tokenizer
 from specfold.outputs import RequestOutput
-from specfold.params import DecodeParams
+from specfold.params import DecodeParams, EngineConfig, SamplingParams
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
@@ -49,7 +56,10 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 class LLM:
     def __init__(self, model: str | os.PathLike = "tiny", dtype: str | torch.dtype = "float32",
-                 device: str = "cpu", overrides: dict | None = None):
+                 device: str = "cpu", overrides: dict | None = None, config: EngineConfig | None = None,
+                 **engine_kw):
+        """`config` (or EngineConfig fields as keywords) is the engine `generate(..., SamplingParams)`
+        and `engine()` use."""
         path = tiny_path() if str(model) == "tiny" else Path(model)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist (expected a local "
@@ -58,6 +68,10 @@ class LLM:
         self.tokenizer = Tokenizer.load(path)
         self.model, self.spec, self.config = load_model(
             path, _dtype(dtype), device, overrides, self.tokenizer.vocab if self.tokenizer else None)
+        if config is not None and engine_kw:
+            raise ParamsError("pass either config=EngineConfig(...) or engine fields as keywords, not both")
+        self.engine_config = config if config is not None else EngineConfig(**engine_kw)
+        self._engine: Engine | None = None
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Prompt, params: DecodeParams) -> list[int]:
@@ -90,47 +104,71 @@ class LLM:
         return ids
 
     # ------------------------------------------------------------------ generate
-    def decoder(self, params: DecodeParams):
-        build = get_method(params.method)
-        if getattr(build, "program", False):  # causal programs (decoding/causal/), not the block loop
-            return build(self.model, self.spec, params)
+    def decoder(self, params: DecodeParams) -> Decoder:
+        """One request at a time with this method's policy and verifier (swappable: calibration)."""
         p = params.resolve(self.spec)
-        policy, verifier = build(self.model, self.spec, p)
+        policy, verifier = get_method(p.method)(self.model, self.spec, p)
         return Decoder(self.model, self.spec, p, policy, verifier)
 
-    def generate(self, prompts: Prompt | Sequence[Prompt], params: DecodeParams | None = None,
+    def engine(self, config: EngineConfig | None = None) -> Engine:
+        """A new engine on this model (`config` defaults to the LLM's)."""
+        return Engine(self, config or self.engine_config)
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 params: SamplingParams | DecodeParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        params = params or DecodeParams()
+        """Decode every prompt (batched); `params` is one SamplingParams, one per prompt, or a
+        DecodeParams (engine settings for this call included)."""
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
                                         and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         prompts = list(prompts)
         if not prompts:
             raise ParamsError("generate() got an empty list of prompts")
-        encoded = [self.encode(pr, params) for pr in prompts]
-        dec = self.decoder(params)
-        it = encoded
-        if use_tqdm:
-            from tqdm import tqdm
-            it = tqdm(encoded, desc=f"generate[{params.method}]", unit="prompt")
-        outs = []
-        for prompt, ids in zip(prompts, it):
-            if isinstance(dec, CausalMethod):
-                gen, finish, stats = generate_one(dec, self.model, ids, params.max_new_tokens,
-                                                  self.spec.stop_token_ids)
-            else:
-                gen, finish, stats = self._run_block_loop(dec, ids)
-            text = self.tokenizer.decode(gen) if self.tokenizer is not None else ""
-            outs.append(RequestOutput(prompt=prompt if isinstance(prompt, str) else None,
-                                      prompt_token_ids=ids, token_ids=gen, text=text,
-                                      finish_reason=finish, stats=stats))
-        return outs
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, DecodeParams):
+            config, sp = params.split()
+            engine = Engine(self, config)
+            per = [sp] * len(prompts)
+        else:
+            per = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+            if len(per) != len(prompts):
+                raise ParamsError(f"got {len(per)} SamplingParams for {len(prompts)} prompts")
+            if self._engine is None:
+                self._engine = self.engine()
+            engine = self._engine
+        encoded = [self.encode(pr, p) for pr, p in zip(prompts, per)]
+        for ids, p in zip(encoded, per):
+            engine.validate(ids, p)
+        return _drain(engine, prompts, encoded, per, use_tqdm)
 
-    @staticmethod
-    def _run_block_loop(dec: Decoder, ids: list[int]):
-        for part in (dec.policy, dec.verifier):  # per-request counters of drafts and verifiers
-            getattr(part, "reset", lambda: None)()
-        gen, finish, stats = dec.run(ids)
-        for part in (dec.policy, dec.verifier):
-            stats.extra.update(getattr(part, "report", dict)())
-        return gen, finish, stats
+
+def _drain(engine: Engine, prompts: list, encoded: list[list[int]], per: list[SamplingParams],
+           use_tqdm: bool) -> list[RequestOutput]:
+    """Add the prompts as capacity allows and step until all are done; outputs in prompt order."""
+    bar = None
+    if use_tqdm:
+        from tqdm import tqdm
+        bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
+    ids: list[str] = []
+    outs: dict[str, RequestOutput] = {}
+    nxt = 0
+    try:
+        while nxt < len(prompts) or len(outs) < len(ids):
+            while nxt < len(prompts) and engine.can_add():
+                pr = prompts[nxt]
+                ids.append(engine.add_request(encoded[nxt], per[nxt], prompt=pr if isinstance(pr, str) else None))
+                nxt += 1
+            for d in engine.step():
+                if d.finished and d.request_id in ids:
+                    outs[d.request_id] = d.output
+                    if bar is not None:
+                        bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        for rid in ids:
+            if rid not in outs:
+                engine.abort(rid)
+    return [outs[rid] for rid in ids]

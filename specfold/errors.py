@@ -16,3 +16,7 @@ class ConfigError(SpecfoldError):
 
 class ParamsError(SpecfoldError):
     """Decode parameters that cannot be satisfied."""
+
+
+class EngineFull(SpecfoldError):
+    """The engine runs and queues as many requests as it may; retry later (the server answers 429)."""

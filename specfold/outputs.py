@@ -33,5 +33,6 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]  # generated ids only, truncated at the first stop token (excluded)
     text: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "abort"
     stats: DecodeStats
+    request_id: str | None = None

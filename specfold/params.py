@@ -1,4 +1,12 @@
-"""DecodeParams: what a user asks of one generate call, validated in two stages.
+"""Decode settings: `EngineConfig` (fixed per engine), `SamplingParams` (per request), and
+`DecodeParams`, the older all-in-one convenience that `split()`s into the two.
+
+`EngineConfig` holds what is built once per engine (method, rule and its fields, draft policy,
+graph, branches, depth, δ, backend, eager, scheduler limits); `SamplingParams` holds what a client
+may choose per request (max_new_tokens, temperature, seed, stop strings, stop token ids, chat
+template). No request field names a server-side file.
+
+DecodeParams is validated in two stages.
 
 `__post_init__` rejects settings that are impossible for any model (δ < 0, max_new_tokens ≤ 0,
 threshold outside (0, 1], unknown names). `resolve(spec)` fills unset fields from the model family's
@@ -62,6 +70,10 @@ class DecodeParams:
             raise ParamsError(f"draft_depth must be in [1, 64], got {self.draft_depth}")
         if not 1 <= self.branches <= 64:
             raise ParamsError(f"branches must be in [1, 64], got {self.branches}")
+        if self.eager and self.method == "specfold":
+            raise ParamsError("eager=True does not combine with method 'specfold': folded verification returns "
+                              "no hidden states for the eager commit; use eager=False, or method 'freedave'/"
+                              "'spiffy' with eager")
 
     def replace(self, **kw) -> "DecodeParams":
         return dataclasses.replace(self, **kw)
@@ -93,3 +105,131 @@ class DecodeParams:
         if p.eager and spec.attention != "block_causal":
             raise ParamsError(f"eager mode needs a block-causal model; {spec.family} uses {spec.attention!r}")
         return p
+
+    def split(self) -> tuple["EngineConfig", "SamplingParams"]:
+        """The engine-wide part and the per-request part of these settings."""
+        cfg = EngineConfig(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
+        return cfg, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                   seed=self.seed, chat_template=self.chat_template)
+
+
+def _int(name: str, v, lo: int | None = None) -> None:
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ParamsError(f"{name} must be an integer, got {v!r}")
+    if lo is not None and v < lo:
+        raise ParamsError(f"{name} must be >= {lo}, got {v}")
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """What one request asks for. `seed=None` draws a fresh seed when the request is added (recorded
+    in the request); `stop` strings cut the text before the first match (finish reason "stop");
+    `stop_token_ids` add to the model's own stop tokens."""
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int | None = None
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    chat_template: bool = False
+
+    def __post_init__(self) -> None:
+        _int("max_new_tokens", self.max_new_tokens, 1)
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ParamsError(f"temperature must be a number, got {self.temperature!r}")
+        if not self.temperature >= 0:
+            raise ParamsError(f"temperature must be >= 0, got {self.temperature}")
+        self.temperature = float(self.temperature)
+        if self.seed is not None:
+            _int("seed", self.seed)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None:
+            if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
+                raise ParamsError(f"stop must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+            self.stop = list(self.stop)
+        if self.stop_token_ids is not None:
+            if not isinstance(self.stop_token_ids, (list, tuple)):
+                raise ParamsError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
+            for t in self.stop_token_ids:
+                _int("stop_token_ids[i]", t, 0)
+            self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.chat_template, bool):
+            raise ParamsError(f"chat_template must be true or false, got {self.chat_template!r}")
+
+    def replace(self, **kw) -> "SamplingParams":
+        return dataclasses.replace(self, **kw)
+
+
+_CONFIG_FIELDS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "threshold_ge",
+                  "confidence", "steps", "early_stop", "draft_depth", "eager", "branches", "graph", "delta",
+                  "drafts", "backend")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Engine-wide decode settings, fixed when the engine is built (policy and verifier built once).
+
+    Scheduling: at most `max_num_seqs` requests run at once and at most `max_waiting` wait (more is
+    refused with `EngineFull`); one step runs forwards of at most `max_num_batched_tokens` token rows
+    (always at least one forward). `adaptive_drafts`: each request's draft branches per verification
+    = min(configured, max(0, (draft_rows - rows of the roots) // (running requests × window))), so
+    drafts use spare rows when the batch is small and vanish when it is full (tokens never change)."""
+    method: str = "vanilla"
+    rule: str | None = None
+    block_size: int | None = None
+    sub_block_size: int | None = None
+    tokens_per_step: int | None = None
+    threshold: float | None = None
+    threshold_ge: bool | None = None
+    confidence: str | None = None
+    steps: int | None = None
+    early_stop: bool = True
+    draft_depth: int = 8
+    eager: bool = False
+    branches: int = 7
+    graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
+    delta: float = 0.1
+    drafts: str = "spiffy"
+    backend: str = "torch"
+    max_num_seqs: int = 64
+    max_waiting: int = 256
+    max_num_batched_tokens: int = 8192
+    adaptive_drafts: bool = False
+    draft_rows: int = 256
+
+    def __post_init__(self) -> None:
+        # the decode fields share DecodeParams' checks
+        DecodeParams(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            _int(name, getattr(self, name), 1)
+        _int("max_waiting", self.max_waiting, 0)
+        _int("draft_rows", self.draft_rows, 0)
+
+    def replace(self, **kw) -> "EngineConfig":
+        return dataclasses.replace(self, **kw)
+
+    def decode_params(self, sampling: SamplingParams | None = None) -> DecodeParams:
+        """The all-in-one view (for rules, draft policies and reference code that read its fields)."""
+        s = sampling or SamplingParams()
+        return DecodeParams(**{f: getattr(self, f) for f in _CONFIG_FIELDS}, max_new_tokens=s.max_new_tokens,
+                            temperature=s.temperature, seed=s.seed or 0, chat_template=s.chat_template)
+
+    def resolve(self, spec, max_new_tokens: int | None = None) -> "EngineConfig":
+        """A copy with the rule fields set from the family's defaults. The Dream rule with no block size
+        decodes the whole canvas as one block, so its block size (and steps) are per request: they
+        stay None here and `for_request` fills them."""
+        m = max_new_tokens if max_new_tokens is not None else (self.block_size or spec.block_size)
+        dp = self.decode_params(SamplingParams(max_new_tokens=m))
+        dream_free = dp.rule in (None, "dream") and (dp.rule or spec.rule) == "dream" and self.block_size is None
+        r = dp.resolve(spec)
+        out = dataclasses.replace(self, **{f: getattr(r, f) for f in _CONFIG_FIELDS})
+        if dream_free and max_new_tokens is None:
+            out.block_size, out.steps = None, self.steps
+        return out
+
+    def for_request(self, spec, max_new_tokens: int) -> "EngineConfig":
+        """The settings one request decodes with (block size and steps fixed; family checks run)."""
+        if self.block_size is not None and self.rule is not None and self.steps is not None \
+                and not spec.max_new_tokens_multiple_of_block:
+            return self
+        return self.resolve(spec, max_new_tokens)

@@ -37,7 +37,7 @@ def score(logits: torch.Tensor, positions: torch.Tensor, mask_id: int, kind: str
     logp = torch.log_softmax(lg, dim=-1)
     probs = logp.exp()
     if temperature > 0:
-        u = torch.rand(lg.shape, generator=generator, dtype=torch.float64).clamp_(1e-20, 1.0)
+        u = torch.rand(lg.shape, generator=generator, dtype=torch.float64, device=lg.device).clamp_(1e-20, 1.0)
         tokens = (logp.double() - torch.log(-torch.log(u))).argmax(-1)
     else:
         tokens = lg.argmax(-1)
@@ -146,7 +146,7 @@ class Dream(Rule):
         n = len(s.conf)
         if step >= steps - 1:
             return rank(s)
-        t = torch.linspace(1, 1e-3, steps + 1, dtype=torch.float32)
+        t = torch.linspace(1, 1e-3, steps + 1, dtype=torch.float32)  # a host schedule of scalars
         k = int(n * (1 - t[step + 1] / t[step]))
         return rank(s)[: min(k, n)]
 

@@ -16,10 +16,12 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
-from specfold.models.cache import PrefixCache
+if TYPE_CHECKING:  # models/ imports this module
+    from specfold.models.cache import PrefixCache
 
 
 @dataclass(slots=True)
@@ -45,3 +47,5 @@ class Forward:
 class ForwardResult:
     logits: torch.Tensor  # [B, K, V]
     hidden: list[torch.Tensor] | None = None  # per-layer inputs [B, T, d] + final, when asked
+    stats: dict | None = None  # verifier statistics of this forward (fold: per-layer "folded",
+    # "positions", "ffn_folded" lists), added to the request's counters

@@ -1,8 +1,10 @@
 """The native decoder-only transformer behind every family (no `trust_remote_code`).
 
 RMSNorm, RoPE with absolute positions, GQA, optional q/k/v bias, optional per-head q/k norm, SwiGLU,
-tied or untied head. One entry point, `forward`, runs B branches of one window of T positions
-against one shared prefix KV cache:
+tied or untied head. `forward` runs B branches of one window of T positions against one shared
+prefix KV cache; `forward_many` runs several such `Forward`s (of different requests) in one call,
+the position-wise work over their packed rows and attention per forward against its own cache;
+`write_kv` writes a window's K/V from hidden states a forward returned (no forward):
 
     tokens [B, T]  positions [T]  mask [T, T] (window query x window key, True = may attend)
     every query also sees the whole cached prefix [0, P) through zero-copy views.
@@ -21,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specfold.engine.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.rope import Rope, apply_rope
 from specfold.models.spec import ModelSpec
@@ -120,12 +123,18 @@ class Transformer(nn.Module):
     def qkv(self, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             qscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [B,T,d] (pre-norm hidden) -> q [B,H,T,D], k, v [B,Hkv,T,D] with RoPE applied."""
-        B, T, _ = x.shape
-        s = self.spec
         h = layer.input_norm(x)
-        q = layer.q_proj(h).view(B, T, s.num_heads, s.head_dim)
-        k = layer.k_proj(h).view(B, T, s.num_kv_heads, s.head_dim)
-        v = layer.v_proj(h).view(B, T, s.num_kv_heads, s.head_dim)
+        return self.heads(layer, layer.q_proj(h), layer.k_proj(h), layer.v_proj(h), cos, sin, qscale)
+
+    def heads(self, layer: Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+              sin: torch.Tensor, qscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Projections q [B,T,H*D], k, v [B,T,Hkv*D] -> per-head q [B,H,T,D], k, v [B,Hkv,T,D] (q/k norm,
+        RoPE, query scaling)."""
+        B, T, _ = q.shape
+        s = self.spec
+        q = q.view(B, T, s.num_heads, s.head_dim)
+        k = k.view(B, T, s.num_kv_heads, s.head_dim)
+        v = v.view(B, T, s.num_kv_heads, s.head_dim)
         if layer.q_norm is not None:
             q, k = layer.q_norm(q), layer.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)
@@ -169,3 +178,76 @@ class Transformer(nn.Module):
             x = x[:, logits_at]
         logits = self.head(x, head)
         return (logits, hidden) if return_hidden else logits
+
+    # ------------------------------------------------------------------ packed forwards
+    def forward_many(self, forwards: list[Forward]) -> list[ForwardResult]:
+        """Run every `Forward` in one call: embedding, norms, projections, FFN and head over the packed
+        rows of all forwards; RoPE and attention per forward (its positions, its own prefix cache and
+        window mask). Equal, up to float rounding, to `forward` on each alone. Two forwards of one
+        call must not share a cache they write."""
+        if not forwards:
+            return []
+        for f in forwards:
+            if f.write_cache and (f.cache is None or f.tokens.shape[0] != 1):
+                raise ValueError("write_cache needs a cache and exactly one branch")
+        shapes = [tuple(f.tokens.shape) for f in forwards]
+        sizes = [b * t for b, t in shapes]
+        x = self.embed(torch.cat([f.tokens.reshape(-1) for f in forwards]))  # [R, d]
+        d = x.shape[-1]
+        ropes = [(*self.rope.cos_sin(f.positions, x.dtype), self.rope.query_scale(f.positions, x.dtype))
+                 for f in forwards]
+        hidden: list[list | None] = [[] if f.return_hidden else None for f in forwards]
+        for li, layer in enumerate(self.layers):
+            self._keep(hidden, x, sizes, shapes)
+            h = layer.input_norm(x)
+            qs, ks, vs = (proj(h).split(sizes) for proj in (layer.q_proj, layer.k_proj, layer.v_proj))
+            outs = []
+            for i, f in enumerate(forwards):
+                B, T = shapes[i]
+                q, k, v = self.heads(layer, qs[i].view(B, T, -1), ks[i].view(B, T, -1), vs[i].view(B, T, -1),
+                                     *ropes[i])
+                pk, pv = f.cache.view(li) if f.cache is not None else (None, None)
+                outs.append(attention(q, k, v, pk, pv, f.mask, self.attn_scale).reshape(B * T, -1))
+                if f.write_cache:
+                    f.cache.write(li, k[0], v[0])
+            x = x + layer.o_proj(torch.cat(outs))
+            x = x + layer.mlp(x)
+        for f in forwards:
+            if f.write_cache:
+                f.cache.commit_write()
+        self._keep(hidden, x, sizes, shapes)
+        return self._heads_many(forwards, x, sizes, shapes, d, hidden)
+
+    @staticmethod
+    def _keep(hidden: list, x: torch.Tensor, sizes: list[int], shapes: list[tuple[int, int]]) -> None:
+        for i, part in enumerate(x.split(sizes)):
+            if hidden[i] is not None:
+                hidden[i].append(part.view(*shapes[i], -1))
+
+    def _heads_many(self, forwards, x, sizes, shapes, d, hidden) -> list[ForwardResult]:
+        """The head over the selected rows of every forward, one matmul per head kind."""
+        sel = []
+        for f, part, (B, T) in zip(forwards, x.split(sizes), shapes):
+            xi = part.view(B, T, d)
+            if f.logits_at is not None:
+                xi = xi[:, f.logits_at]
+            sel.append(xi)
+        logits: list[torch.Tensor | None] = [None] * len(forwards)
+        for kind in dict.fromkeys(f.head for f in forwards):
+            idx = [i for i, f in enumerate(forwards) if f.head == kind]
+            rows = self.head(torch.cat([sel[i].reshape(-1, d) for i in idx]), kind)
+            for i, part in zip(idx, rows.split([sel[i].shape[0] * sel[i].shape[1] for i in idx])):
+                logits[i] = part.view(sel[i].shape[0], sel[i].shape[1], -1)
+        return [ForwardResult(lg, h) for lg, h in zip(logits, hidden)]
+
+    def write_kv(self, cache: PrefixCache, hidden: list[torch.Tensor], positions: torch.Tensor) -> None:
+        """Append a window's K/V to `cache` from its per-layer input hidden states (`hidden[l]` [T, d],
+        as `forward(..., return_hidden=True)` returned them for one branch): exactly the K/V a forward
+        over that window would write, without running attention or FFN."""
+        x0 = hidden[0]
+        cos, sin = self.rope.cos_sin(positions, x0.dtype)
+        qscale = self.rope.query_scale(positions, x0.dtype)
+        for li, layer in enumerate(self.layers):
+            _, k, v = self.qkv(layer, hidden[li][None], cos, sin, qscale)
+            cache.write(li, k[0], v[0])
+        cache.commit_write()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node
-from specfold.decoding.loop import BlockContext, DraftPolicy, Step
+from specfold.decoding.plugins import BlockContext, DraftPolicy, Step
 from specfold.decoding.rules import rank
 from specfold.errors import ParamsError
 from specfold.params import DecodeParams

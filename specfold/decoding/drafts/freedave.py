@@ -23,7 +23,7 @@ import torch
 
 from specfold.decoding.drafts import summarize
 from specfold.decoding.drafts.graph import DraftGraph
-from specfold.decoding.loop import BlockContext, Draft, DraftPolicy, Step
+from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
 from specfold.decoding.rules import rank
 from specfold.outputs import DecodeStats
 from specfold.params import DecodeParams
@@ -59,7 +59,7 @@ class FreeDave(DraftPolicy):
         # (position, token) in fill order; the current block first
         order = list(cur)
         left = int(((root == M) & ctx.allowed).sum()) - len(cur)
-        base = torch.cat([root, torch.full((W - N,), M, dtype=root.dtype)])
+        base = torch.cat([root, torch.full((W - N,), M, dtype=root.dtype, device=root.device)])
         extend = left == 0  # the ranking completes the current block: the chain may cross into the next
         if extend and parent.ahead is not None:
             a = parent.ahead

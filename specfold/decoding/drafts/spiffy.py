@@ -13,7 +13,7 @@ import torch
 
 from specfold.decoding.drafts import summarize
 from specfold.decoding.drafts.graph import DraftGraph, GraphError, load_graph
-from specfold.decoding.loop import BlockContext, Draft, DraftPolicy, Step
+from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
 from specfold.models.spec import ModelSpec
 from specfold.outputs import DecodeStats
 from specfold.params import DecodeParams

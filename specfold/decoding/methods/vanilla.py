@@ -1,5 +1,5 @@
 """Vanilla decoding: the advance loop with no drafts and dense one-branch forwards."""
-from specfold.decoding.loop import DraftPolicy
+from specfold.decoding.plugins import DraftPolicy
 from specfold.decoding.methods import register
 from specfold.decoding.verify.dense import DenseVerifier
 

@@ -1,0 +1,126 @@
+"""What the block-diffusion program and its plug-ins exchange: steps, drafts, the block context, and
+the `DraftPolicy` / `Verifier` protocols (SPEC §5-6).
+
+A decode method = a draft policy + a verifier (decoding/methods/). Both are built once per engine
+and shared by every request, so they hold no per-request state: hit counts, fold statistics and
+timings live on the request (`specfold.engine.request.Counters`).
+
+Invariants:
+- `DraftPolicy.drafts` only reads its arguments; it returns block states in an order where every
+  draft's `parent` (0 = root, i = the i-th draft) comes before it, so any prefix of the list is a
+  valid verification batch (the scheduler may cut it: drafts change speed, never tokens);
+- a verifier maps a batch of branch states to logits and nothing else; `returns_hidden` says whether
+  it can also return the per-layer hidden states (eager commits reuse them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specfold.decoding.rules import Rule, Scored
+from specfold.engine.forward import Forward, ForwardResult
+from specfold.models.cache import PrefixCache
+
+
+@dataclass(slots=True)
+class Step:
+    """One applied rule step: the state, its scored candidates and the state it led to."""
+    state: torch.Tensor  # [W]
+    scored: Scored
+    next: torch.Tensor  # [W]
+    region: torch.Tensor  # [W] bool candidates of `state`
+    ahead: Scored | None = None  # eager windows: scores (T = 0) at the next block(s)' candidates (window
+    # indices >= the block size), from the same forward as `scored`: draft material only
+
+
+@dataclass(slots=True)
+class Draft:
+    tokens: torch.Tensor  # [W]
+    parent: int  # index into the verification batch (0 = root)
+    node: int = -1  # policy-specific id (Spiffy graph node, FreeDave depth), for hit statistics
+
+
+@dataclass
+class BlockContext:
+    """What a draft policy may read about the active block."""
+    start: int  # absolute position of window index 0
+    allowed: torch.Tensor  # [W] bool: positions that may be unmasked (current block, within limit)
+    block_origin: int  # window index where the current block starts
+    mask_id: int
+    rule: Rule
+    step: int
+    masks_at_start: int
+    # this verification's window spans `width` positions from `start` (the current block first; more
+    # in eager mode); `window_allowed` [width] marks positions that may be unmasked
+    width: int = 0
+    window_allowed: torch.Tensor | None = None
+    seed_token: bool = False
+
+
+class DraftPolicy:
+    """Vanilla: no drafts. Subclasses build future states from the parent step's scores."""
+    name = "none"
+    topk = 0  # vocabulary ranks the drafts read (`Scored.top`); 0 = the argmax only
+
+    def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
+        return []
+
+    def lookahead(self, masked: int, ctx: BlockContext) -> int:
+        """Eager mode: how many positions beyond the current block's `masked` masks the drafts want
+        (0 = the window is the block)."""
+        return 0
+
+    def on_step(self, step: Step, ctx: BlockContext) -> None:
+        """Called after every rule step of the main trajectory (calibration records them; a policy
+        that records is a single-request tool, not for a shared engine)."""
+
+    def summarize(self, stats) -> None:
+        """Derive per-request statistics from the counters already written into `stats.extra`."""
+
+    def reset(self) -> None:
+        """Shared policies keep no per-request state: nothing to reset (recording tools may)."""
+
+    def report(self) -> dict:
+        """Engine-wide statistics of the policy itself (none for the shipped policies)."""
+        return {}
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """`__call__(tokens [B,W], parents, positions [W], cache, mask [W,W]|None, out_idx) -> logits
+    [B, len(out_idx), V]` for one forward; `verify_many(forwards) -> results` for the verify
+    forwards of one engine step (optional: the engine falls back to one `__call__` per forward);
+    `returns_hidden`: `__call__(..., return_hidden=True)` also returns the hidden states."""
+    name: str
+    returns_hidden: bool
+
+    def __call__(self, tokens: torch.Tensor, parents: list[int], positions: torch.Tensor,
+                 cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor): ...
+
+
+def verify_many(verifier, forwards: list[Forward]) -> list[ForwardResult]:
+    """The verify forwards of one step through `verifier`: its own `verify_many` when it has one,
+    else one `__call__` per forward (fold statistics, when the verifier keeps them, are read per
+    forward into `ForwardResult.stats`)."""
+    if hasattr(verifier, "verify_many"):
+        return verifier.verify_many(forwards)
+    out = []
+    for f in forwards:
+        reset = getattr(verifier, "reset", None)
+        if reset is not None:
+            reset()
+        kw = {"return_hidden": True} if f.return_hidden else {}
+        r = verifier(f.tokens, f.parents, f.positions, f.cache, f.mask, f.logits_at, **kw)
+        logits, hidden = r if f.return_hidden else (r, None)
+        out.append(ForwardResult(logits, hidden, fold_counts(verifier)))
+    return out
+
+
+def fold_counts(verifier) -> dict | None:
+    """Per-layer fold counters a folded verifier kept for its last call (None for dense ones)."""
+    if not hasattr(verifier, "folded"):
+        return None
+    return {"folded": list(verifier.folded), "positions": list(verifier.positions),
+            "ffn_folded": list(verifier.ffn_folded)}

@@ -1,0 +1,216 @@
+"""`Engine`: continuous batching of decode requests; one `step()` = one packed model call.
+
+    engine = Engine(llm, EngineConfig(method="spiffy"))
+    rid = engine.add_request(prompt_ids, SamplingParams(max_new_tokens=64))   # EngineFull when full
+    while engine.has_unfinished():
+        for d in engine.step():            # RequestDelta per request that advanced
+            ...d.new_token_ids, d.text_delta, d.finished, d.output
+
+Each step: admit waiting requests (scheduler.py); every running request's program has said which
+forwards it needs (engine/program.py); the step runs those that fit the row budget in one packed
+call (runner.py), hands each request its results and lets its program run on to its next forwards.
+Requests that finished (or produced final tokens) get a `RequestDelta`.
+
+Invariants:
+- single-threaded: one caller drives `step()`; the server runs it in one background thread;
+- a request's tokens depend only on its prompt, its SamplingParams and the engine config, never on
+  its batch partners or when it joined (its program, rule order and generator are its own);
+- `abort` frees a request's cache at once; its final delta (finish_reason "abort") comes with the
+  next `step()`;
+- the policy and verifier are built once, here; a request chooses only SamplingParams.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from specfold.decoding.loop import BlockProgram
+from specfold.decoding.methods import get_method
+from specfold.engine.request import Request
+from specfold.engine.runner import ModelRunner
+from specfold.engine.scheduler import Scheduler
+from specfold.engine.text import advance_text
+from specfold.errors import EngineFull, ParamsError
+from specfold.outputs import RequestOutput
+from specfold.params import EngineConfig, SamplingParams
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    request_id: str
+    new_token_ids: list[int]  # final tokens not reported before
+    text_delta: str  # decoded incrementally, cut before a stop string
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "abort" | None
+    output: RequestOutput | None = None  # when finished
+
+
+def build_program(model, spec, config: EngineConfig):
+    """The engine's program for `config.method`: a method builder returns (policy, verifier) for the
+    block program, or a program of its own (an object with next_forwards/absorb)."""
+    built = get_method(config.method)(model, spec, config)
+    if isinstance(built, tuple):
+        policy, verifier = built
+        return BlockProgram(model, spec, config, policy, verifier)
+    return built
+
+
+class Engine:
+    def __init__(self, llm, config: EngineConfig | None = None, *, program=None):
+        """`llm`: anything with `.model`, `.spec` and `.tokenizer` (an `LLM`)."""
+        self.model, self.spec, self.tokenizer = llm.model, llm.spec, getattr(llm, "tokenizer", None)
+        self.config = (config or EngineConfig()).resolve(self.spec)
+        self.program = program if program is not None else build_program(self.model, self.spec, self.config)
+        self.runner = ModelRunner(self.model, getattr(self.program, "verifier", None))
+        self.scheduler = Scheduler(self.config)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._aborted: list[RequestDelta] = []
+        self._ids = itertools.count()
+        self.steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> EngineConfig:
+        if not prompt_ids:
+            raise ParamsError("prompt encodes to no tokens")
+        V = self.spec.vocab_size
+        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < V)]
+        if bad:
+            raise ParamsError(f"prompt token ids outside the vocabulary [0, {V}): {bad[:5]}")
+        ctx = self.spec.max_position_embeddings
+        if len(prompt_ids) + params.max_new_tokens > ctx:
+            raise ParamsError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={params.max_new_tokens} exceeds "
+                              f"the model's context of {ctx} positions; shorten the prompt or lower max_new_tokens")
+        if params.stop and self.tokenizer is None:
+            raise ParamsError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
+        return self.config.for_request(self.spec, params.max_new_tokens)
+
+    def can_add(self) -> bool:
+        return not self.scheduler.full(len(self.waiting) + len(self.running))
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    prompt: str | None = None) -> str:
+        """Queue a request; raises EngineFull when `max_num_seqs + max_waiting` are held, ParamsError
+        for a request this model cannot decode."""
+        if not isinstance(params, SamplingParams):
+            raise ParamsError(f"params must be SamplingParams, got {type(params).__name__}")
+        cfg = self.validate(list(prompt_ids), params)
+        if not self.can_add():
+            raise EngineFull(f"the engine holds {len(self.running)} running and {len(self.waiting)} waiting requests "
+                             f"(max_num_seqs={self.config.max_num_seqs}, max_waiting={self.config.max_waiting}); "
+                             f"retry later")
+        rid = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if rid in self.requests:
+            raise ParamsError(f"request id {rid!r} is already in use")
+        req = Request(rid, list(prompt_ids), params, cfg, set(self.spec.stop_token_ids), prompt)
+        self.requests[rid] = req
+        self.waiting.append(req)
+        return rid
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        req.finish("abort")
+        self._aborted.append(RequestDelta(req.id, [], "", True, "abort", self._output(req)))
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running or self._aborted)
+
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestDelta]:
+        deltas, self._aborted = self._aborted, []
+        touched: list[Request] = []
+        with torch.inference_mode():
+            for req in self.scheduler.admit(self.waiting, self.running):
+                req.phase = "prefill"
+                self.program.start(req)
+                self._advance(req)
+                touched.append(req)
+            chosen = self.scheduler.select([r for r in self.running if r.pending])
+            flat = [f for r in chosen for f in r.pending]
+            t0 = time.perf_counter()
+            results = self.runner.run(flat)
+            dt = time.perf_counter() - t0
+            i = 0
+            for req in chosen:
+                k = len(req.pending)
+                req.pending = None
+                req.counters.model_seconds += dt
+                self.program.absorb(req, results[i: i + k])
+                i += k
+                self._advance(req)
+                touched.append(req)
+        self.steps += 1
+        for req in dict.fromkeys(touched):
+            d = self._delta(req)
+            if d is not None:
+                deltas.append(d)
+        return deltas
+
+    def _advance(self, req: Request) -> None:
+        """Let the request's program run on to the forwards it needs next (or to its end)."""
+        req.draft_budget = self.scheduler.draft_budget(len(self.running), req.config.block_size or 1)
+        fws = self.program.next_forwards(req)
+        if fws:
+            req.pending = fws
+        else:
+            self._finish(req, req.finish_reason or "length")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        if req in self.running:
+            self.running.remove(req)
+        req.finish(reason)
+
+    def _delta(self, req: Request) -> RequestDelta | None:
+        text, stopped = advance_text(self.tokenizer, req, req.finished)
+        if stopped and not req.finished:
+            self._finish(req, "stop")
+            req.finish_reason = "stop"
+        new = req.output_ids[req.reported:]
+        if not new and not text and not req.finished:
+            return None
+        req.reported = len(req.output_ids)
+        out = None
+        if req.finished:
+            self.requests.pop(req.id, None)
+            out = self._output(req)
+        return RequestDelta(req.id, list(new), text, req.finished, req.finish_reason if req.finished else None, out)
+
+    def _output(self, req: Request) -> RequestOutput:
+        st = req.stats
+        st.tokens = len(req.output_ids)
+        req.counters.write(st, getattr(getattr(self.program, "verifier", None), "delta", None))
+        report = getattr(self.program, "report", None)
+        if report is not None:
+            report(req)
+        if self.tokenizer is not None and not req.text and req.output_ids and req.finish_reason == "abort":
+            req.text = self.tokenizer.decode(req.output_ids)
+        return RequestOutput(prompt=req.prompt, prompt_token_ids=req.prompt_ids, token_ids=list(req.output_ids),
+                             text=req.text, finish_reason=req.finish_reason, stats=st, request_id=req.id)
+
+    # ------------------------------------------------------------------ helpers
+    def run_one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
+        """Decode one request alone (nothing else may be queued)."""
+        rid = self.add_request(prompt_ids, params)
+        while self.has_unfinished():
+            for d in self.step():
+                if d.request_id == rid and d.finished:
+                    return d.output
+        raise RuntimeError("internal error: the request ended without output")
+
+    def memory_bytes(self) -> int:
+        """Tensor bytes the running requests hold (caches, buffers, stored logits)."""
+        return sum(r.memory_bytes() for r in self.running)
