@@ -99,7 +99,7 @@ class DecodeParams:
         p.confidence = p.confidence or spec.confidence
         if p.steps is None:
             p.steps = p.block_size if p.rule in ("llada", "dream") else None
-        if spec.max_new_tokens_multiple_of_block and p.max_new_tokens % p.block_size:
+        if spec.max_new_tokens_multiple_of_block and p.max_new_tokens % p.block_size and _whole_blocks(p.method):
             raise ParamsError(f"{spec.family} decodes whole blocks: max_new_tokens={p.max_new_tokens} must be "
                               f"a multiple of block_size={p.block_size}")
         if p.eager and spec.attention != "block_causal":
@@ -111,6 +111,16 @@ class DecodeParams:
         cfg = EngineConfig(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
         return cfg, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                    seed=self.seed, chat_template=self.chat_template)
+
+
+def _whole_blocks(method: str) -> bool:
+    """Whether `method` decodes whole blocks (diffusion modes); the causal programs (`ar`,
+    `linear_spec`, ...) register `whole_blocks = False`."""
+    from specfold.decoding.methods import get_method
+    try:
+        return getattr(get_method(method), "whole_blocks", True)
+    except ParamsError:
+        return True
 
 
 def _int(name: str, v, lo: int | None = None) -> None:

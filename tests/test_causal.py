@@ -195,3 +195,16 @@ def test_refused_families(checkpoint):
     bidir = LLM(checkpoint("llama", attention="bidirectional"), dtype="float64")
     with pytest.raises(ParamsError, match="needs a causal next-token path"):
         bidir.generate([[1, 2]], DecodeParams(method="linear_spec_multi", max_new_tokens=4))
+
+
+@pytest.mark.parametrize("method", ["ar", "linear_spec", "linear_spec_multi", "linear_specfold"])
+def test_batch_equals_alone(nld, method):
+    """All prompts in one engine (packed forwards, requests at different phases) = each alone = ar."""
+    llm = nld("drafting")
+    p = DecodeParams(method=method, max_new_tokens=MAX_NEW, threshold=0.5, branches=4, delta=0.0)
+    batch = llm.generate(PROMPTS, p)
+    for prompt, out in zip(PROMPTS, batch):
+        alone = llm.generate([prompt], p)[0]
+        ar = gen(llm, prompt, "ar")
+        assert out.token_ids == alone.token_ids == ar.token_ids
+        assert out.stats.nfe == alone.stats.nfe

@@ -13,6 +13,7 @@ import torch
 from specfold.decoding.causal import driver
 from specfold.decoding.causal.ar import AR
 from specfold.decoding.causal.linear_spec import LinearSpec
+from specfold.decoding.causal.program import CausalProgram
 from specfold.decoding.rules import make_rule
 from specfold.models.cache import PrefixCache
 from specfold.models.spec import ModelSpec
@@ -68,7 +69,7 @@ SPEC = ModelSpec(family="nemotron_labs_diffusion", model_type="nemotron_labs_dif
 
 
 def run(program, model, max_new=10, stop=()):
-    st = program.start(PROMPT, model.new_cache(64), max_new, frozenset(stop))
+    st = CausalProgram(model, program).new_state(PROMPT, max_new, stop)
     driver.run(program, st, model)
     return st.output(), st.stats
 

@@ -25,7 +25,6 @@ from specfold.decoding.causal.state import CausalState, choose
 from specfold.decoding.layout import causal
 from specfold.engine.forward import Forward, ForwardResult
 from specfold.errors import ParamsError
-from specfold.models.cache import PrefixCache
 from specfold.models.spec import ModelSpec
 
 
@@ -53,14 +52,11 @@ class AR:
     """`next_forwards` / `absorb` program of autoregressive decoding (one request per state)."""
     name = "ar"
 
-    def __init__(self, spec: ModelSpec, temperature: float = 0.0, seed: int = 0):
+    N = 1  # rows of a decode forward (cache headroom)
+
+    def __init__(self, spec: ModelSpec):
         self.M = spec.mask_token_id
         self.head = causal_head(spec, "ar")
-        self.temperature, self.seed = float(temperature), int(seed)
-
-    def start(self, prompt: list[int], cache: PrefixCache, max_new_tokens: int,
-              stop_ids: frozenset[int]) -> CausalState:
-        return CausalState(list(prompt), int(max_new_tokens), frozenset(stop_ids), cache)
 
     def next_forwards(self, st: CausalState) -> list[Forward]:
         if st.done:
@@ -76,6 +72,6 @@ class AR:
         kind = "prefill" if st.phase == "prefill" else "decode"
         st.count(kind)
         q = len(st.prompt) + len(st.generated)  # the position this forward predicts
-        tok = choose(results[0].logits[0, -1:], torch.tensor([q]), self.M, self.temperature, self.seed)
+        tok = choose(results[0].logits[0, -1:], torch.tensor([q]), self.M, st.temperature, st.seed)
         if not st.emit([int(tok[0])]):
             st.phase = "decode"

@@ -38,7 +38,6 @@ from specfold.decoding.causal.state import CausalState, choose
 from specfold.decoding.layout import causal
 from specfold.decoding.rules import Rule, score
 from specfold.engine.forward import Forward, ForwardResult
-from specfold.models.cache import PrefixCache
 from specfold.models.spec import ModelSpec
 
 
@@ -65,7 +64,7 @@ class LinearSpec:
     name = "linear_spec"
 
     def __init__(self, spec: ModelSpec, rule: Rule, block_size: int, branches: int = 1,
-                 confidence: str = "max_prob", temperature: float = 0.0, seed: int = 0):
+                 confidence: str = "max_prob"):
         if spec.attention != "causal_prefix":
             from specfold.errors import ParamsError
             raise ParamsError(f"method 'linear_spec' needs a causal-prefix family (Nemotron-Labs-Diffusion): "
@@ -74,11 +73,6 @@ class LinearSpec:
         self.M, self.rule, self.N = spec.mask_token_id, rule, int(block_size)
         self.head = causal_head(spec, "linear_spec")
         self.branches, self.confidence = int(branches), confidence
-        self.temperature, self.seed = float(temperature), int(seed)
-
-    def start(self, prompt: list[int], cache: PrefixCache, max_new_tokens: int,
-              stop_ids: frozenset[int]) -> CausalState:
-        return CausalState(list(prompt), int(max_new_tokens), frozenset(stop_ids), cache)
 
     # ------------------------------------------------------------------ forwards
     def next_forwards(self, st: CausalState) -> list[Forward]:
@@ -96,12 +90,16 @@ class LinearSpec:
             toks = torch.cat([pend, r.block])[None]
             return [Forward(toks, pos, st.cache, draft_mask(a, n, dev), write_cache=a > 0,
                             logits_at=a + region, head="lm", kind="draft")]
-        drafts = [r.block] if self.branches == 1 else alt.build(r.record, r.block, self.branches)
+        drafts = [r.block] if self.branches == 1 else alt.build(r.record, r.block, self._budget(st))
         r.batch = torch.stack(drafts)
         toks = torch.cat([pend.expand(len(drafts), a), r.batch], dim=1)
         return [Forward(toks, pos, st.cache, causal(pos), write_cache=len(drafts) == 1,
                         logits_at=torch.arange(a, a + n, device=dev), head=self.head,
-                        parents=[-1] + [0] * (len(drafts) - 1), kind="verify")]
+                        parents=[-1] + [0] * (len(drafts) - 1), kind="verify" if len(drafts) > 1 else "commit")]
+
+    def _budget(self, st: CausalState) -> int:
+        """Drafts this round may verify: `branches`, capped at 1 + the engine's draft budget."""
+        return self.branches if st.budget is None else max(1, min(self.branches, 1 + st.budget))
 
     # ------------------------------------------------------------------ results
     def absorb(self, st: CausalState, results: list[ForwardResult]) -> None:
@@ -109,7 +107,7 @@ class LinearSpec:
         if st.phase == "prefill":
             st.count("prefill")
             q = torch.tensor([len(st.prompt)])
-            tok = choose(res.logits[0, -1:], q, self.M, self.temperature, self.seed)
+            tok = choose(res.logits[0, -1:], q, self.M, st.temperature, st.seed)
             if not st.emit([int(tok[0])]):
                 self._new_round(st)
         elif st.phase == "draft":
@@ -148,7 +146,7 @@ class LinearSpec:
         q = torch.arange(st.start + 1, st.start + n + 1)
         best, best_len, best_tok = 0, 0, None
         for b in range(B):
-            ar = choose(res.logits[b], q, self.M, self.temperature, self.seed)
+            ar = choose(res.logits[b], q, self.M, st.temperature, st.seed)
             match = (ar[: n - 1] == r.batch[b, 1:]).long()
             acc = int(match.cumprod(0).sum()) + 1
             if acc > best_len:

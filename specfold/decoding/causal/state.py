@@ -53,6 +53,10 @@ class CausalState:
     start: int = 0  # absolute position of the last committed token (the next forward's first row)
     pending: list[int] = field(default_factory=list)  # committed tokens at [cache.length, start)
     round: object = None  # LinearSpec: the current round (linear_spec.Round)
+    temperature: float = 0.0
+    seed: int = 0
+    budget: int | None = None  # cap on alternative drafts per round (the engine's draft budget)
+    reported: int = 0  # generated tokens already handed to the engine
 
     @property
     def done(self) -> bool:
