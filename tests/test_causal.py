@@ -208,3 +208,11 @@ def test_batch_equals_alone(nld, method):
         ar = gen(llm, prompt, "ar")
         assert out.token_ids == alone.token_ids == ar.token_ids
         assert out.stats.nfe == alone.stats.nfe
+
+
+def test_registry_lists_causal_methods_per_model(nld, checkpoint):
+    from specfold.decoding.methods import method_names
+    causal = {"ar", "linear_spec", "linear_spec_multi", "linear_specfold"}
+    assert causal <= set(method_names(nld("plain").spec))
+    assert not causal & set(method_names(LLM(checkpoint("qwen2")).spec))  # block-causal, no shift
+    assert set(method_names(LLM(checkpoint("qwen2", logits_shift=True, seed_token=True)).spec)) & causal == {"ar"}

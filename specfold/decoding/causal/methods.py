@@ -28,6 +28,13 @@ from specfold.params import DecodeParams
 NAMES = ("ar", "linear_spec", "linear_spec_multi", "linear_specfold")
 
 
+def supports(name: str, spec: ModelSpec) -> bool:
+    """Whether method `name` can decode `spec`'s family (the checks `build` raises for)."""
+    if name == "ar":
+        return spec.attention == "causal_prefix" or (spec.attention == "block_causal" and spec.logits_shift)
+    return spec.attention == "causal_prefix"
+
+
 def build(name: str, model, spec: ModelSpec, config) -> CausalProgram:
     p = config.resolve(spec) if isinstance(config, DecodeParams) else config
     if name == "ar":

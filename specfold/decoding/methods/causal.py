@@ -5,10 +5,11 @@ a `CausalProgram` (the engine runs it as is) and is marked `whole_blocks = False
 max_new_tokens, where the family's diffusion mode decodes whole blocks)."""
 from functools import partial
 
-from specfold.decoding.causal.methods import NAMES, build
+from specfold.decoding.causal.methods import NAMES, build, supports
 from specfold.decoding.methods import register
 
 for _name in NAMES:
     _fn = partial(build, _name)
     _fn.whole_blocks = False
+    _fn.supports = partial(supports, _name)
     register(_name)(_fn)
