@@ -62,11 +62,11 @@ class AR:
         if st.done:
             return []
         if st.phase == "prefill":
-            return [prefill_forward(st, self.head)]
+            return st.ask([prefill_forward(st, self.head)])
         dev = st.cache.k.device
         pos = torch.tensor([st.start], device=dev)
         tok = torch.tensor([[st.generated[-1]]], dtype=torch.long, device=dev)
-        return [Forward(tok, pos, st.cache, None, write_cache=True, head=self.head, kind="decode")]
+        return st.ask([Forward(tok, pos, st.cache, None, write_cache=True, head=self.head, kind="decode")])
 
     def absorb(self, st: CausalState, results: list[ForwardResult]) -> None:
         kind = "prefill" if st.phase == "prefill" else "decode"

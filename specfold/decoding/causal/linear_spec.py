@@ -79,7 +79,7 @@ class LinearSpec:
         if st.done:
             return []
         if st.phase == "prefill":
-            return [prefill_forward(st, self.head)]
+            return st.ask([prefill_forward(st, self.head)])
         r: Round = st.round
         dev = st.cache.k.device
         pend = torch.tensor(st.pending, dtype=torch.long, device=dev)
@@ -88,14 +88,15 @@ class LinearSpec:
         if st.phase == "draft":
             region = self.rule.region(r.block == self.M, 0).nonzero()[:, 0]
             toks = torch.cat([pend, r.block])[None]
-            return [Forward(toks, pos, st.cache, draft_mask(a, n, dev), write_cache=a > 0,
-                            logits_at=a + region, head="lm", kind="draft")]
+            return st.ask([Forward(toks, pos, st.cache, draft_mask(a, n, dev), write_cache=a > 0,
+                                   logits_at=a + region, head="lm", kind="draft")])
         drafts = [r.block] if self.branches == 1 else alt.build(r.record, r.block, self._budget(st))
         r.batch = torch.stack(drafts)
         toks = torch.cat([pend.expand(len(drafts), a), r.batch], dim=1)
-        return [Forward(toks, pos, st.cache, causal(pos), write_cache=len(drafts) == 1,
-                        logits_at=torch.arange(a, a + n, device=dev), head=self.head,
-                        parents=[-1] + [0] * (len(drafts) - 1), kind="verify" if len(drafts) > 1 else "commit")]
+        return st.ask([Forward(toks, pos, st.cache, causal(pos), write_cache=len(drafts) == 1,
+                               logits_at=torch.arange(a, a + n, device=dev), head=self.head,
+                               parents=[-1] + [0] * (len(drafts) - 1),
+                               kind="verify" if len(drafts) > 1 else "commit")])
 
     def _budget(self, st: CausalState) -> int:
         """Drafts this round may verify: `branches`, capped at 1 + the engine's draft budget."""

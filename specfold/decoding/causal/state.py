@@ -92,6 +92,11 @@ class CausalState:
         self.stats.tokens = len(out)
         return list(out)
 
+    def ask(self, forwards: list) -> list:
+        """The forwards this request asks for now (their token rows are counted as `rows`)."""
+        self.stats.extra["rows"] = self.stats.extra.get("rows", 0) + sum(f.rows for f in forwards)
+        return forwards
+
     def count(self, kind: str) -> None:
         """Count one forward of `kind` ("prefill" | "decode" | "draft" | "verify")."""
         self.stats.nfe += 1
