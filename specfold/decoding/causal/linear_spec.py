@@ -38,6 +38,7 @@ from specfold.decoding.causal.state import CausalState, choose
 from specfold.decoding.layout import causal
 from specfold.decoding.rules import Rule, score
 from specfold.engine.forward import Forward, ForwardResult
+from specfold.errors import ParamsError
 from specfold.models.spec import ModelSpec
 
 
@@ -66,7 +67,6 @@ class LinearSpec:
     def __init__(self, spec: ModelSpec, rule: Rule, block_size: int, branches: int = 1,
                  confidence: str = "max_prob"):
         if spec.attention != "causal_prefix":
-            from specfold.errors import ParamsError
             raise ParamsError(f"method 'linear_spec' needs a causal-prefix family (Nemotron-Labs-Diffusion): "
                               f"its drafts are bidirectional blocks placed right after the last committed "
                               f"token; {spec.family} is {spec.attention}")
