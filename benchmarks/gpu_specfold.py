@@ -8,7 +8,9 @@
 3. end to end: tokens/s of vanilla vs dense speculative verification vs SpecFold (torch and Triton
    backends) on the embedded tiny model, on a random-weight 0.5B-shaped model, and on every
    checkpoint given with `--model DIR` (e.g. the widened checkpoints of SPEC §9, which compute the
-   source model's function at the wider shape: tables name them as cost proxies), side by side.
+   source model's function at the wider shape: tables name them as cost proxies), side by side;
+4. Nemotron-Labs-Diffusion's ar / linear_spec / multi-branch LinearSpec (dense, folded) on a
+   random-weight NLD-3B-shaped model: forwards, cost and match with ar (benchmarks/nld_causal.py).
 Each section reports its own failure and the script goes on. `--device cpu --quick` runs the same
 code on the CPU (the interpreter for Triton is not used there: Triton rows are skipped).
 """
@@ -194,6 +196,20 @@ def section_end_to_end(device: str, quick: bool, extra: list[str]) -> None:
             emit(f"| {label} | {nfe} | {toks / nfe:.2f} | {toks / secs:.1f} | {toks / secs / base[1]:.2f}x | {match:.2f} | {fr} |")
 
 
+def section_nld_causal(device: str, quick: bool) -> None:
+    """Nemotron-Labs-Diffusion's ar / LinearSpec / multi-branch (dense, folded) on a random-weight
+    NLD-layout model (NLD-3B shape on the GPU): equivalence with ar and cost only (no NLD weights)."""
+    import nld_causal as nc
+    shape = "small" if quick else "nld3b"
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    emit(f"\n## 4. NLD causal modes, random weights ({shape}, {dtype}): forwards, cost, match with ar\n")
+    model = nc.random_nld(shape, device, dtype)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(300, model.spec.vocab_size, (64,), generator=g).tolist() for _ in range(2)]
+    nc.side_by_side(model, prompts, 32, device, emit=emit)
+    nc.verify_costs(model, prompts[0], 32, device, reps=5 if quick else 20, emit=emit)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -206,7 +222,8 @@ def main() -> None:
     gpu = torch.cuda.get_device_name() if a.device == "cuda" else platform.processor() or platform.machine()
     emit(f"# SpecFold GPU check: {gpu}, torch {torch.__version__}, commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}\n")
     t0 = time.time()
-    sections = [lambda: section_layer(a.device, a.quick), lambda: section_end_to_end(a.device, a.quick, a.model)]
+    sections = [lambda: section_layer(a.device, a.quick), lambda: section_end_to_end(a.device, a.quick, a.model),
+                lambda: section_nld_causal(a.device, a.quick)]
     if a.device == "cuda":
         sections.insert(0, lambda: section_correctness(a.device))
     for sec in sections:

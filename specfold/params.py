@@ -56,8 +56,8 @@ class DecodeParams:
             raise ParamsError(f"unknown rule {self.rule!r}; accepted: {list(RULES)}")
         if self.confidence is not None and self.confidence not in CONFIDENCES:
             raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
-        if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
-            raise ParamsError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
         for name in ("block_size", "sub_block_size", "tokens_per_step", "steps"):
             v = getattr(self, name)
             if v is not None and v <= 0:
@@ -99,7 +99,7 @@ class DecodeParams:
         p.confidence = p.confidence or spec.confidence
         if p.steps is None:
             p.steps = p.block_size if p.rule in ("llada", "dream") else None
-        if spec.max_new_tokens_multiple_of_block and p.max_new_tokens % p.block_size:
+        if spec.max_new_tokens_multiple_of_block and p.max_new_tokens % p.block_size and _whole_blocks(p.method):
             raise ParamsError(f"{spec.family} decodes whole blocks: max_new_tokens={p.max_new_tokens} must be "
                               f"a multiple of block_size={p.block_size}")
         if p.eager and spec.attention != "block_causal":
@@ -111,6 +111,16 @@ class DecodeParams:
         cfg = EngineConfig(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
         return cfg, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                    seed=self.seed, chat_template=self.chat_template)
+
+
+def _whole_blocks(method: str) -> bool:
+    """Whether `method` decodes whole blocks (diffusion modes); the causal programs (`ar`,
+    `linear_spec`, ...) register `whole_blocks = False`."""
+    from specfold.decoding.methods import get_method
+    try:
+        return getattr(get_method(method), "whole_blocks", True)
+    except ParamsError:
+        return True
 
 
 def _int(name: str, v, lo: int | None = None) -> None:

@@ -146,8 +146,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     try:
         sweeps = [parse_sweep(s) for s in a.sweep]
         tasks = [get_task(t) for t in a.tasks.split(",")]
-        methods = a.methods.split(",") if a.methods else method_names()
-        unknown = [m for m in methods if m not in method_names()]
+        methods = a.methods.split(",") if a.methods else None  # None: every method this model can run
+        unknown = [m for m in methods or [] if m not in method_names()]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; registered: {method_names()}")
     except ValueError as e:
@@ -155,6 +155,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return 2
     try:
         llm = llm_from_args(a)
+        methods = methods or method_names(llm.spec)
         records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
                             a.limit, a.out, model_name=model_label(a.model),
                             progress=not a.no_progress, warmup=a.warmup)

@@ -21,7 +21,7 @@ def register(name: str):
 
 def _load_builtin() -> None:
     import importlib
-    for mod in ("vanilla", "freedave", "spiffy", "specfold"):
+    for mod in ("vanilla", "freedave", "spiffy", "specfold", "causal"):
         try:
             importlib.import_module(f"specfold.decoding.methods.{mod}")
         except ModuleNotFoundError as e:  # a method not built yet is simply not offered
@@ -37,7 +37,9 @@ def get_method(name: str) -> Callable:
     return _METHODS[name]
 
 
-def method_names() -> list[str]:
+def method_names(spec=None) -> list[str]:
+    """Registered names; with a ModelSpec, only the methods that can decode that model (a builder
+    may carry `supports(spec) -> bool`; the block methods decode every family)."""
     if not _METHODS:
         _load_builtin()
-    return sorted(_METHODS)
+    return sorted(n for n, fn in _METHODS.items() if spec is None or getattr(fn, "supports", lambda s: True)(spec))
