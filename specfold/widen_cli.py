@@ -20,7 +20,7 @@ def cmd_widen(a: argparse.Namespace) -> int:
         spec = _source_spec(a.model)
         shape = resolve_shape(Shape.of(spec), spec.head_dim, a.preset, a.hidden, a.intermediate, a.heads,
                               a.kv_heads, a.layers)
-        if a.preset and a.layers is None:
+        if a.preset and a.layers is None and not a.quiet:
             p = PRESETS[a.preset]
             print(f"preset {a.preset}: {p['name']} width (depth kept at {shape.layers} layers; "
                   f"--layers {p['layers']} for its depth)", file=sys.stderr)

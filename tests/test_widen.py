@@ -139,3 +139,23 @@ def test_output_is_a_complete_checkpoint(checkpoint, tmp_path):
         assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float64
     with pytest.raises(WidenError, match="exists and is not empty"):
         _widen(src, tmp_path, 8, 2, 2)
+
+
+def test_cli_widens_and_rejects_bad_input_in_one_line(checkpoint, tmp_path, capsys):
+    from specfold.cli import main
+    src = str(checkpoint("qwen2"))
+    capsys.readouterr()  # the fixture's own output
+    bad = [(["--hidden", "16"], "--hidden 16 is below the source's 32"),
+           (["--heads", "7"], "--heads 7 is not a multiple of --kv-heads 2"),
+           (["--preset", "0.5b", "--heads", "15"], "--heads 15 is not a multiple of --kv-heads 2"),
+           (["--model", str(tmp_path / "nowhere")], "does not exist")]
+    for args, msg in bad:
+        assert main(["widen", "--model", src, "--out", str(tmp_path / "x"), "--quiet", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and msg in err[0], err
+    assert not (tmp_path / "x").exists()
+    assert main(["widen", "--model", src, "--out", str(tmp_path / "x"), "--quiet", "--hidden", "40",
+                 "--layers", "3", "--dtype", "float64"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "x")
+    model, spec, _ = load_model(tmp_path / "x", torch.float64, "cpu")
+    assert (spec.hidden_size, spec.num_layers, spec.num_heads) == (40, 3, 4)
