@@ -13,11 +13,11 @@ def cmd_widen(a: argparse.Namespace) -> int:
     import torch
 
     from specfold.errors import SpecfoldError
-    from specfold.models.widen import PRESETS, Shape, resolve_shape, widen_checkpoint
+    from specfold.models.widen import PRESETS, Shape, resolve_shape, source_spec, widen_checkpoint
     if a.threads:
         torch.set_num_threads(a.threads)
     try:
-        spec = _source_spec(a.model)
+        _path, _config, spec = source_spec(a.model)
         shape = resolve_shape(Shape.of(spec), spec.head_dim, a.preset, a.hidden, a.intermediate, a.heads,
                               a.kv_heads, a.layers)
         if a.preset and a.layers is None and not a.quiet:
@@ -30,21 +30,6 @@ def cmd_widen(a: argparse.Namespace) -> int:
         return 2
     print(out)
     return 0
-
-
-def _source_spec(model: str):
-    from pathlib import Path
-
-    from specfold.models.loader import read_config
-    from specfold.models.spec import resolve_spec
-    from specfold.models.tokenizer import Tokenizer
-    if model == "tiny":
-        from specfold.api import tiny_path
-        path = tiny_path()
-    else:
-        path = Path(model)
-    tok = Tokenizer.load(path) if path.is_dir() else None
-    return resolve_spec(read_config(path), None, tok.vocab if tok else None)
 
 
 def _positive(text: str) -> int:

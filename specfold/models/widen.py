@@ -312,13 +312,9 @@ def param_count(spec: ModelSpec, dst: Shape) -> int:
     return dst.layers * layer + V * d * (1 if spec.tie_word_embeddings else 2) + d
 
 
-def widen_checkpoint(source: str | Path, out: str | Path, shape: Shape, seed: int = 0,
-                     dtype: str | None = None, shard_bytes: int = SHARD_BYTES, progress: bool = True) -> Path:
-    """Write the widened checkpoint of `source` (a folder or "tiny") to the new folder `out`."""
+def source_spec(source: str | Path) -> tuple[Path, dict, ModelSpec]:
+    """(folder, config, spec) of a source checkpoint folder or "tiny"."""
     from specfold.models.tokenizer import Tokenizer
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise WidenError(f"output folder {str(out)!r} exists and is not empty; choose a new --out")
     if str(source) == "tiny":
         from specfold.api import tiny_path
         path = tiny_path()
@@ -326,7 +322,16 @@ def widen_checkpoint(source: str | Path, out: str | Path, shape: Shape, seed: in
         path = Path(source)
     config = read_config(path)
     tok = Tokenizer.load(path)
-    spec = resolve_spec(config, None, tok.vocab if tok else None)
+    return path, config, resolve_spec(config, None, tok.vocab if tok else None)
+
+
+def widen_checkpoint(source: str | Path, out: str | Path, shape: Shape, seed: int = 0,
+                     dtype: str | None = None, shard_bytes: int = SHARD_BYTES, progress: bool = True) -> Path:
+    """Write the widened checkpoint of `source` (a folder or "tiny") to the new folder `out`."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise WidenError(f"output folder {str(out)!r} exists and is not empty; choose a new --out")
+    path, config, spec = source_spec(source)
     src_shape = Shape.of(spec)
     pl = plan(src_shape, shape)
     reader = _Source(path)
