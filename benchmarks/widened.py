@@ -110,7 +110,7 @@ def summarize(recs: dict[str, list[dict]]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     v = rows[0]
-    x = lambda r, k: f"{r[k]:.2f}" if k in ("tpf",) else (f"{r[k]:.3f}" if k == "accuracy" else f"{r[k]:.1f}")
+    x = lambda r, k: f"{r[k]:.3f}" if k == "accuracy" else (f"{r[k]:.2f}" if k == "tpf" or r[k] < 10 else f"{r[k]:.1f}")
     lines = ["| method | accuracy | (×v) | NFE/sample | (×v) | tok/fwd | (×v) | tok/s | (×v) | tok/CPU-s | (×v) "
              "| match | fold ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
             f"{width} preset width: hidden {shape.hidden}, FFN {shape.intermediate}, {shape.heads}/{shape.kv_heads} "
             f"heads, {shape.layers} layers (cost proxy)")
         for rule, recs in results[width].items():
-            report.append(f"### {args.model}, {label}, {rule} rule ({time.perf_counter() - t0:.0f} s so far)\n\n"
+            report.append(f"### {args.model}, {label}, {rule} rule (this width: {time.perf_counter() - t0:.0f} s)\n\n"
                           f"{table(summarize(recs))}\n")
         print(report[-2] + "\n" + report[-1], flush=True)
     cmd = "python benchmarks/widened.py " + " ".join(argv if argv is not None else sys.argv[1:])
