@@ -138,6 +138,7 @@ _PLUGINS = [
     ("eval", "specfold.eval.evaluate", "score a method on benchmarks"),
     ("train-tiny", "specfold.tiny.train", "train the embedded tiny model"),
     ("serve", "specfold.serve", "OpenAI-compatible server"),
+    ("widen", "specfold.widen_cli", "widen a checkpoint without changing its function (cost proxy)"),
 ]
 
 

@@ -199,6 +199,8 @@ def resolve_spec(config: dict, overrides: dict | None = None,
             fields["stop_token_ids"] = ids
     if config.get("mask_token_id") is not None:
         fields["mask_token_id"] = int(config["mask_token_id"])
+    if isinstance(config.get("widened_from"), dict):  # `specfold widen` output (models/widen.py)
+        fields["extra"] = {"widened_from": dict(config["widened_from"])}
     fields.update(overrides)
     if "stop_token_ids" in fields:
         fields["stop_token_ids"] = tuple(int(t) for t in fields["stop_token_ids"])

@@ -22,7 +22,11 @@ GRAPHS = Path(__file__).resolve().parent / "graphs"
 
 
 def fingerprint(spec: ModelSpec) -> str:
-    """What a default graph is matched on: the family and the shapes decoding depends on."""
+    """What a default graph is matched on: the family and the shapes decoding depends on. A widened
+    checkpoint (`specfold widen`) computes its source's function, so it carries the source's."""
+    widened = spec.extra.get("widened_from", {}).get("fingerprint")
+    if widened:
+        return str(widened)
     return (f"{spec.family}/{spec.model_type}:v{spec.vocab_size}:d{spec.hidden_size}:l{spec.num_layers}"
             f":n{spec.block_size}:m{spec.mask_token_id}")
 
