@@ -5,7 +5,7 @@ tests returned. Containment (backend `bwrap`, the default; probed once, see `bac
 - bubblewrap: new user namespace with an unprivileged uid/gid (65534) inside, new mount
   namespace in which the whole filesystem is a read-only bind of `/` except a private,
   size-capped tmpfs `/tmp` (the program's cwd is `/tmp/work`) and a minimal `/dev`; `/proc` and
-  `/sys` are empty; new network (no interfaces), PID, IPC and UTS namespaces; no further user
+  `/sys` are empty; `_ctypes` and CPython's test extensions are hidden; new network (no interfaces), PID, IPC and UTS namespaces; no further user
   namespaces; its own session; killed when this process dies (`--die-with-parent`);
 - a seccomp filter (`seccomp.py`): no new processes (fork/vfork/clone without CLONE_THREAD),
   no ptrace, unshare, setns, mount, bpf, ...;
@@ -31,6 +31,7 @@ removed afterwards); no process of the run survives `run_program`.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import secrets
@@ -92,14 +93,34 @@ class RunResult:
         return self.status == "passed"
 
 
+@lru_cache(maxsize=1)
+def _masked_modules() -> tuple[str, ...]:
+    """Extension modules hidden (bound to /dev/null) in the sandbox: raw memory access (ctypes),
+    CPython's test helpers and subinterpreters (whose sys._current_frames sees every thread),
+    which could reach the pass token."""
+    import importlib.util
+
+    out = []
+    for name in ("_ctypes", "_testcapi", "_testinternalcapi", "_ctypes_test", "_xxsubinterpreters",
+                 "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues"):
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.origin and os.path.isfile(spec.origin):
+            out.append(spec.origin)
+    return tuple(out)
+
+
 def _bwrap_args(top: Path, tmp_mb: int) -> list[str]:
+    masks = [a for path in _masked_modules() for a in ("--ro-bind", "/dev/null", path)]
     return ["bwrap", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/proc", "--tmpfs", "/sys",
             "--size", str(tmp_mb << 20), "--tmpfs", "/tmp", "--dir", "/tmp/work",
             "--ro-bind", str(top), INSIDE_TOP, "--chdir", "/tmp/work",
-            "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work"]
+            "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", *masks]
 
 
 def _probe_bwrap() -> str | None:
@@ -223,11 +244,47 @@ def _site_dirs() -> list[str]:
     return [p for p in site.getsitepackages() if os.path.isdir(p)]
 
 
+def _kill_namespace(info_fd: int, top: Path, wait_s: float = 5.0) -> None:
+    """SIGKILL the sandbox's PID-namespace init (bwrap's `child-pid`) and wait until it is dead.
+
+    Killing the init kills every process of the namespace; the kernel does this asynchronously,
+    and the init itself dies last, so once it is a zombie or gone nothing of the run is left.
+    The pid is pinned with a pidfd and checked to be this run's bwrap (its command line names
+    the run's directory) before it is signalled, so a reused pid is never touched."""
+    try:
+        pid = int(json.loads(_read_all(info_fd).decode() or "{}").get("child-pid", 0))
+    except (ValueError, AttributeError):
+        pid = 0
+    if pid <= 1:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if str(top).encode() not in f.read():
+                return
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+            if state in (b"Z", b"X"):
+                return
+            time.sleep(0.002)
+    except (OSError, IndexError):
+        return
+    finally:
+        os.close(pidfd)
+
+
 def _command(name: str, prefix: tuple[str, ...], top: Path, limits: Limits, fds: dict) -> tuple[list[str], str]:
     """(argv, the program's path as the child sees it)."""
     if name == "bwrap":
         inner = INSIDE_TOP
-        head = [*_bwrap_args(top, limits.tmp_mb), "--seccomp", str(fds["seccomp_fd"])]
+        head = [*_bwrap_args(top, limits.tmp_mb), "--seccomp", str(fds["seccomp_fd"]),
+                "--info-fd", str(fds["info_fd"])]
     else:
         inner, head = str(top), list(prefix)
     cfg = {
@@ -260,12 +317,14 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
     os.close(tok_w)
     fds = {"token_fd": tok_r, "result_fd": res_w}
     passed = [tok_r, res_w]
+    info_r = None
     if name == "bwrap":
         sc_r, sc_w = os.pipe()
         os.write(sc_w, build_filter())
         os.close(sc_w)
-        fds["seccomp_fd"] = sc_r
-        passed.append(sc_r)
+        info_r, info_w = os.pipe()
+        fds["seccomp_fd"], fds["info_fd"] = sc_r, info_w
+        passed += [sc_r, info_w]
     cmd, _ = _command(name, prefix, top, limits, fds)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8",
            "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0"}
@@ -289,12 +348,16 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
                 except (ProcessLookupError, PermissionError):
                     pass
                 proc.wait()
+                if info_r is not None:
+                    _kill_namespace(info_r, top)
         seconds = time.perf_counter() - t0
         got = _read_all(res_r)
         status = "passed" if got == b"PASS " + token + b"\n" else ("timeout" if timed_out else "failed")
         return RunResult(status, rc, _tail(top / "stdout"), _tail(top / "stderr"), seconds, name)
     finally:
         os.close(res_r)
+        if info_r is not None:
+            os.close(info_r)
         shutil.rmtree(top, ignore_errors=True)
 
 

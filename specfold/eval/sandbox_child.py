@@ -10,12 +10,14 @@ Order of events (the invariants):
    when not root) with soft == hard, so the program cannot raise them back;
 3. the program is compiled (a syntax error is a failure), the guard installed (see
    `install_guard`), and the program's code runs in a second thread started from C objects only
-   (`_thread.start_new_thread(tuple, (itertools.chain(map(...), ...),))`): that thread
+   (`_thread.start_new_thread(tuple, (itertools.chain(...),))`, see `worker_chain`): that thread
    has no Python frame of this file, so `sys._getframe()` walks from the program end at the
    program; the chain's last step releases a lock (`done`) only if the program's code returned;
-4. the main thread waits for `done` or for the thread to end; only after `done` it writes
-   `PASS <token>` to `result_fd`. Any exception (SystemExit included), an interrupt of the main
-   thread, or the process dying first means no verdict line, i.e. a failure.
+4. the main thread (SIGINT ignored, so no Python signal handler runs there) blocks in C until
+   the worker's chain is over (a weakref callback in the worker thread wakes it), disables the garbage collector (no finalizer of the program runs
+   in the main thread), and only if `done` was released writes `PASS <token>` to `result_fd`.
+   Any exception (SystemExit included) or the process dying first means no verdict line, i.e. a
+   failure.
 The program cannot read the token (not in argv, environ, any file or open fd, nor any object it
 can reach: the main thread's frame is reachable only through `sys._current_frames` and `gc`,
 which the guard removes without keeping the originals) and cannot release `done` (referenced only
@@ -110,7 +112,7 @@ def _guard_files(root: str) -> None:
     import _io
     import posix
 
-    builtins.open = io.open = guarded_open
+    builtins.open = io.open = _io.open = guarded_open
     os.open = posix.open = guarded_os_open
     io.FileIO = _io.FileIO = GuardedFileIO
     one = ("remove", "unlink", "rmdir", "removedirs", "mkdir", "makedirs", "truncate", "chmod",
@@ -196,7 +198,7 @@ def install_guard(root: str) -> None:
     _guard_files(os.path.realpath(root))
     _guard_processes_and_network()
     _guard_introspection()
-    for name in ("ctypes", "_ctypes", "pty", "_testcapi", "_testinternalcapi"):
+    for name in ("ctypes", "_ctypes", "pty", "_testcapi", "_testinternalcapi", "_xxsubinterpreters"):
         sys.modules[name] = None  # import raises ImportError
 
 
@@ -209,14 +211,37 @@ def parse_config(args: list[str]) -> dict:
     return cfg
 
 
-def main() -> None:
-    import _thread
+def worker_chain(code, ns, done, queue):
+    """The worker thread's whole job as one C iterator, and a weak reference that reports its end.
+
+    The chain (no Python frame of this file runs in it) runs the program, flushes the original
+    stdout/stderr and releases `done`; its last part iterates a set that nothing else holds.
+    That set dies when the chain is exhausted or, after an exception, when the thread drops the
+    chain: either way in the worker thread, whose weakref callback (`queue.put`, C code) then
+    wakes the main thread."""
+    import _weakref
     import itertools
 
+    anchor = set()
+    ended = _weakref.ref(anchor, queue.put)
+    flushes = [itertools.starmap(f.flush, [()]) for f in (sys.stdout, sys.stderr) if f is not None]
+    chain = itertools.chain(itertools.starmap(exec, [(code, ns)]), *flushes,
+                            itertools.starmap(done.release, [()]), iter(anchor))
+    return chain, ended
+
+
+def main() -> None:
+    import _queue
+    import _signal
+    import _thread
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # no Python signal handler runs in main
     prog_path, cfg = sys.argv[1], parse_config(sys.argv[2:])
     token = os.read(cfg["token_fd"], 256).strip()
     os.close(cfg["token_fd"])
-    result_fd, write, real_exit, count = cfg["result_fd"], os.write, os._exit, _thread._count
+    import gc
+
+    result_fd, write, real_exit, gc_disable = cfg["result_fd"], os.write, os._exit, gc.disable
     set_limits(cfg)
     sys.path.extend(cfg.get("site", ()))
     with open(prog_path, encoding="utf-8") as f:
@@ -231,33 +256,20 @@ def main() -> None:
     if cfg.get("guard", 1):
         install_guard(os.getcwd())
     sys.argv = ["program.py"]
-    ns = {"__name__": "__main__", "__builtins__": builtins}
-    started, done = _thread.allocate_lock(), _thread.allocate_lock()
-    started.acquire()
+    done, queue = _thread.allocate_lock(), _queue.SimpleQueue()
     done.acquire()
-    release = _thread.LockType.release
-    chain = itertools.chain(map(release, [started]), map(exec, [code], [ns]), map(release, [done]))
-    del code, ns
+    chain, ended = worker_chain(code, {"__name__": "__main__", "__builtins__": builtins}, done, queue)
+    del code
     ok = False
     try:
         _thread.stack_size(64 * MIB)
         _thread.start_new_thread(tuple, (chain,))
         del chain
-        started.acquire()
-        while True:
-            if done.acquire(timeout=0.002):
-                ok = True
-                break
-            if count() == 0:
-                ok = done.acquire(blocking=False)
-                break
-    except BaseException:  # noqa: BLE001 - an interrupt of the main thread is a failure
+        queue.get()  # blocks in C until the worker is over (see worker_chain)
+        gc_disable()  # from here on no finalizer of the program can run in this thread
+        ok = done.acquire(False)
+    except BaseException:  # noqa: BLE001 - anything going wrong in the main thread is a failure
         ok = False
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except BaseException:  # noqa: BLE001
-        pass
     if ok:
         try:
             write(result_fd, b"PASS " + token + b"\n")
