@@ -52,7 +52,7 @@ from specfold.eval.seccomp import build_filter
 CHILD = Path(__file__).with_name("sandbox_child.py")
 TAIL = 4000  # characters of stdout/stderr kept in a result
 SANDBOX_UID = 65534
-INSIDE_TOP = "/tmp/.specfold"  # read-only view of the run's directory (program, child script)
+INSIDE_TOP = "/tmp/.specfold"  # read-only view of the run's directory (the program)
 
 
 class SandboxUnavailable(SpecfoldError):
@@ -298,8 +298,7 @@ def _command(name: str, prefix: tuple[str, ...], top: Path, limits: Limits, fds:
         "guard": int(limits.guard),
         "site": os.pathsep.join(_site_dirs()),
     }
-    child = f"{inner}/sandbox_child.py"
-    return [*head, sys.executable, "-I", "-S", "-B", child, f"{inner}/program.py", *(f"{k}={v}" for k, v in cfg.items())], inner
+    return [*head, sys.executable, "-I", "-S", "-B", str(CHILD), f"{inner}/program.py", *(f"{k}={v}" for k, v in cfg.items())], inner
 
 
 def run_program(source: str, limits: Limits = Limits()) -> RunResult:
@@ -307,7 +306,6 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
     name, prefix = backend()
     top = Path(tempfile.mkdtemp(prefix="specfold-sandbox-"))
     (top / "program.py").write_text(source, encoding="utf-8")
-    shutil.copyfile(CHILD, top / "sandbox_child.py")
     work = top / "work"
     work.mkdir()
     token = secrets.token_hex(16).encode()

@@ -46,7 +46,7 @@ def leftovers(tag: str) -> list[str]:
             cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue
-        if tag in cmd or "/tmp/.specfold/sandbox_child.py" in cmd or "specfold-sandbox-" in cmd:
+        if tag in cmd or "/tmp/.specfold/program.py" in cmd or "specfold-sandbox-" in cmd:
             found.append(f"{d}: {cmd}")
     return found
 
@@ -201,7 +201,7 @@ def test_wrong_code_cannot_forge_a_pass(humaneval0, name):
     wrong = f"```python\ndef {s.reference['entry_point']}(numbers, threshold):\n{body}\n    return False\n{s.reference['entry_point']}([1.0], 0.5)\n```"
     r = task.score(s, wrong)
     assert not r["correct"], (name, r)
-    assert leftovers("/tmp/.specfold/") == []
+    assert leftovers("/tmp/.specfold/program.py") == []
 
 
 def test_the_same_harness_passes_right_code(humaneval0):
