@@ -28,8 +28,14 @@ import json
 import warnings
 from typing import Any
 
-from lm_eval.api.model import LM
-from lm_eval.api.registry import register_model
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+except ImportError:  # `specfold-lm-eval` then answers with an install hint (main)
+    LM, register_model = object, lambda *names: (lambda cls: cls)
+    HAVE_LM_EVAL = False
+else:
+    HAVE_LM_EVAL = True
 
 NO_LOGLIKELIHOOD = ("specfold is a diffusion decoder and computes no log-likelihoods; run generate_until "
                     "tasks only (e.g. gsm8k, minerva_math, humaneval, mbpp, ifeval), not multiple-choice "
@@ -127,6 +133,12 @@ class SpecfoldLM(LM):
 
 def main() -> None:
     """lm-eval's command line with the "specfold" model registered."""
+    if not HAVE_LM_EVAL:
+        import sys
+
+        print("specfold-lm-eval: lm-eval is not installed; install it with: pip install 'specfold[lm-eval]'",
+              file=sys.stderr)
+        raise SystemExit(2)
     from lm_eval.__main__ import cli_evaluate
     cli_evaluate()
 

@@ -4,7 +4,15 @@ In the manner of lm-eval's minerva-math (own code): strip units, `\\text{}`, `$`
 spacing commands and thousands separators, canonicalise `\\dfrac`/`\\tfrac`/`\\frac12`/`\\sqrt2`
 and trailing `.0`, then call two answers equal when the normalised strings match or when both
 translate to sympy expressions whose difference simplifies to 0 (tuples and intervals are compared
-element by element, with the same brackets).
+element by element, with the same brackets; matrices cell by cell).
+Numbers: integers, fractions and decimals are parsed as exact rationals and compared exactly
+(`0.5` = `\\frac12`, `1.50` = `1.5`, `11111105000` != `11111111100`); infinities keep their sign.
+A decimal written with k >= 6 places also equals a value with no finite decimal expansion
+(`\\frac13`, `\\sqrt2`) that rounds to it at k places (as math-verify's 6-place rounding does:
+`0.333333` = `\\frac13`, while `3.14` != `\\pi`). Two equations (one `=` each) are compared as
+equations: lhs - rhs of one must be a nonzero constant times lhs - rhs of the other
+(`2x+3=y` = `y=2x+3`, `-y=2x+3` != `y=2x+3`); an equation against a bare value compares its
+right-hand side.
 
 Invariants: never raises on any input string; sympy work is bounded by an input-size cap and,
 in the main thread, a wall-clock alarm.
@@ -22,6 +30,7 @@ from sympy.parsing.sympy_parser import (
     convert_xor,
     implicit_multiplication_application,
     parse_expr,
+    rationalize,
     standard_transformations,
 )
 
@@ -163,7 +172,8 @@ def _time_limit(seconds: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, old)
 
 
-_TRANSFORMS = standard_transformations + (implicit_multiplication_application, convert_xor)
+_TRANSFORMS = standard_transformations + (implicit_multiplication_application, convert_xor, rationalize)
+MIN_ROUNDED_PLACES = 6  # a decimal this precise may stand for a number it rounds from
 
 
 def to_sympy(s: str) -> sympy.Expr | None:
@@ -184,19 +194,93 @@ def to_sympy(s: str) -> sympy.Expr | None:
         return None
 
 
+_DECIMAL = re.compile(r"-?\d*\.(\d+)")
+
+
+def _terminates(v: sympy.Expr) -> bool:
+    """Whether v is a rational with a finite decimal expansion (denominator 2^a 5^b)."""
+    if not v.is_Rational:
+        return False
+    q = int(v.q)
+    for p in (2, 5):
+        while q % p == 0:
+            q //= p
+    return q == 1
+
+
+def _rounds_to(decimal: str, places: int, v: sympy.Expr) -> bool:
+    """A decimal written with `places` >= MIN_ROUNDED_PLACES digits stands for a finite real v
+    with no finite decimal expansion when v rounds to it at that precision."""
+    if places < MIN_ROUNDED_PLACES or not v.is_number or _terminates(v) or v.has(sympy.oo, -sympy.oo, sympy.zoo):
+        return False
+    d = sympy.Rational(decimal)
+    gap = (sympy.Abs(v - d) - sympy.Rational(1, 2 * 10**places)).evalf(places + 30)
+    return bool(gap.is_real and gap <= 0)
+
+
 def _sympy_equal(a: str, b: str) -> bool:
     x, y = to_sympy(a), to_sympy(b)
     if x is None or y is None:
         return False
     try:
         with _time_limit(SYMPY_SECONDS):
+            if x == y:
+                return True
+            if any(e.has(sympy.oo, -sympy.oo, sympy.zoo, sympy.nan) for e in (x, y)):
+                return False  # no arithmetic on infinities: oo - oo is not 0, and -oo is not oo
             if sympy.simplify(x - y) == 0:
                 return True
-            if x.is_number and y.is_number:
-                return abs(complex(sympy.N(x)) - complex(sympy.N(y))) <= 1e-6 * max(1.0, abs(complex(sympy.N(y))))
+            for text, other in ((a, y), (b, x)):
+                m = _DECIMAL.fullmatch(text)
+                if m and _rounds_to(text, len(m.group(1)), other):
+                    return True
     except BaseException:  # noqa: BLE001
         return False
     return False
+
+
+_INEQ = re.compile(r"[<>]|\\(?:le|ge|leq|geq|ne|neq|approx|lt|gt)(?![A-Za-z])")
+
+
+def _equation_sides(s: str) -> tuple[str, str] | None:
+    """(lhs, rhs), normalised, of an answer with exactly one `=` and no inequality sign."""
+    if s.count("=") != 1 or _INEQ.search(s):
+        return None
+    lhs, rhs = s.split("=")
+    lhs, rhs = normalize(lhs), normalize(rhs)
+    return (lhs, rhs) if lhs and rhs else None
+
+
+def _equations_equal(e1: tuple[str, str], e2: tuple[str, str]) -> bool:
+    """Same equation: (l1 - r1) = c (l2 - r2) for a nonzero constant c (or the same sides)."""
+    if e1 == e2 or e1 == e2[::-1]:
+        return True
+    l1, r1, l2, r2 = (to_sympy(t) for t in (*e1, *e2))
+    if None in (l1, r1, l2, r2):
+        return False
+    try:
+        with _time_limit(SYMPY_SECONDS):
+            d1, d2 = sympy.simplify(l1 - r1), sympy.simplify(l2 - r2)
+            if d1 == 0 or d2 == 0:
+                return d1 == d2
+            ratio = sympy.simplify(d1 / d2)
+            return bool(ratio.is_number and ratio.is_finite and ratio != 0)
+    except BaseException:  # noqa: BLE001
+        return False
+
+
+_MATRIX = re.compile(r"\\begin\{([pbvBV]?matrix)\}(.*)\\end\{\1\}", re.S)
+
+
+def _matrix_cells(s: str) -> list[list[str]] | None:
+    """Rows of cells of a `\\begin{pmatrix}...\\end{pmatrix}` answer (any spacing), or None."""
+    m = _MATRIX.fullmatch(s.strip().strip("$").strip())
+    if not m:
+        return None
+    rows = [r for r in re.split(r"\\\\", m.group(2))]
+    if rows and not rows[-1].strip():
+        rows = rows[:-1]
+    return [[c.strip() for c in r.split("&")] for r in rows]
 
 
 def _split_top(s: str) -> list[str]:
@@ -225,6 +309,13 @@ def is_equiv(pred: str | None, ref: str) -> bool:
     """Whether a predicted final answer equals the reference (see module docstring)."""
     if pred is None:
         return False
+    ma, mb = _matrix_cells(pred), _matrix_cells(ref)
+    if ma is not None and mb is not None:
+        return [len(r) for r in ma] == [len(r) for r in mb] and all(
+            is_equiv(x, y) for ra, rb in zip(ma, mb) for x, y in zip(ra, rb))
+    ea, eb = _equation_sides(pred), _equation_sides(ref)
+    if ea is not None and eb is not None:
+        return _equations_equal(ea, eb)
     a, b = normalize(pred), normalize(ref)
     if a == b:
         return True

@@ -5,9 +5,9 @@ One record = one (task, sample id, method, setting) generation and its score. In
   already in the file and appends the rest, so the file never holds a key twice (it keeps the
   first one if a user concatenated files).
 - Records are written one line at a time and flushed, so an interrupted run loses at most the line
-  being written. A line that is not valid JSON, or lacks the key fields, is reported with its line
-  number as a warning and skipped: its sample is recomputed and appended. The bad line stays in the
-  file (it is never rewritten) and keeps being reported until the user removes it.
+  being written. A line that is not valid JSON, or lacks the key fields, stops the run before
+  anything is computed: `CorruptRecordError`, one line naming the file and line number. The file
+  is never rewritten; the user removes or fixes the line (or picks another --out).
 - A record also carries the model and the decode parameters it was made with; resuming with other
   ones raises `ResumeError` instead of mixing runs in one file.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -27,8 +26,8 @@ class ResumeError(ValueError):
     """The JSONL cannot be resumed by this run (made with another model or other parameters)."""
 
 
-class CorruptLineWarning(UserWarning):
-    """A line of the records file could not be read; its sample will be recomputed."""
+class CorruptRecordError(ResumeError):
+    """A line of the records file is not a complete record."""
 
 
 def record_key(rec: dict[str, Any]) -> Key:
@@ -36,7 +35,8 @@ def record_key(rec: dict[str, Any]) -> Key:
 
 
 def load_records(path: str | os.PathLike) -> dict[Key, dict[str, Any]]:
-    """Records of `path` by key (empty if the file does not exist); corrupt lines warned and skipped."""
+    """Records of `path` by key (empty if the file does not exist); a corrupt line raises
+    CorruptRecordError naming its line number."""
     p = Path(path)
     out: dict[Key, dict[str, Any]] = {}
     if not p.exists():
@@ -53,9 +53,9 @@ def load_records(path: str | os.PathLike) -> dict[Key, dict[str, Any]]:
                 if missing:
                     raise ValueError(f"missing fields {missing}")
             except ValueError as e:  # json.JSONDecodeError is a ValueError
-                warnings.warn(f"{p}:{n}: corrupt record skipped ({e}); its sample will be recomputed",
-                              CorruptLineWarning, stacklevel=2)
-                continue
+                raise CorruptRecordError(
+                    f"{p}:{n}: not a complete record ({e}); delete or fix that line (an interrupted run "
+                    "can leave a half-written last line), or use another --out") from None
             out.setdefault(record_key(rec), rec)
     return out
 

@@ -13,7 +13,7 @@ import torch
 from specfold.eval.bench import run_bench
 from specfold.eval.sweeps import expand_runs, parse_sweep
 from specfold.eval.plots import write_plots
-from specfold.eval.records import CorruptLineWarning, ResumeError, load_records
+from specfold.eval.records import CorruptRecordError, ResumeError, load_records
 from specfold.eval.summary import format_table, summarize, token_match
 from specfold.params import DecodeParams
 from tests.eval.test_bench_model import text_checkpoint
@@ -105,18 +105,20 @@ def test_resume_continues_an_interrupted_run(llm, data, tmp_path):
     assert [r["token_ids"] for r in recs] == [r["token_ids"] for r in full]
 
 
-def test_corrupt_line_is_reported_by_number_and_recomputed(llm, data, tmp_path):
+def test_corrupt_line_is_an_error_naming_its_line(llm, data, tmp_path):
     out = tmp_path / "c.jsonl"
     bench(Counting(llm), data, out, methods=("vanilla",), sweeps=())
     lines = out.read_text().splitlines()
     lines[1] = lines[1][: len(lines[1]) // 2]  # a half-written record on line 2
     out.write_text("\n".join(lines))  # and no final newline
+    before = out.read_text()
     again = Counting(llm)
-    with pytest.warns(CorruptLineWarning, match=rf"{out.name}:2: corrupt record"):
-        recs = bench(again, data, out, methods=("vanilla",), sweeps=())
-    assert again.calls == 1 and len(recs) == N
-    with pytest.warns(CorruptLineWarning, match=":2:"):  # the bad line stays, the record was appended
-        assert len(load_records(out)) == N
+    with pytest.raises(CorruptRecordError, match=rf"{out.name}:2: not a complete record") as e:
+        bench(again, data, out, methods=("vanilla",), sweeps=())
+    assert "\n" not in str(e.value) and again.calls == 0 and out.read_text() == before
+    out.write_text(before.replace(lines[1], '["a list"]'))
+    with pytest.raises(CorruptRecordError, match=":2: not a complete record .not a JSON object"):
+        load_records(out)
 
 
 def test_resume_refuses_other_parameters(llm, data, tmp_path):

@@ -63,3 +63,15 @@ def test_no_loglikelihoods_and_bad_args(lm, checkpoint):
         SpecfoldLM(pretrained=str(checkpoint()), bogus=1)
     assert truncate_at_stops("abc\n\nde", ["\n\n", "c"]) == "ab"
     assert truncate_at_stops("abc", ["", "z"]) == "abc"
+
+
+def test_entry_point_without_lm_eval_gives_one_install_line():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['lm_eval'] = None\n"
+            "from specfold.eval.lm_eval_adapter import main\nmain()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [
+        "specfold-lm-eval: lm-eval is not installed; install it with: pip install 'specfold[lm-eval]'"]

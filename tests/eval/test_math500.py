@@ -71,3 +71,52 @@ def test_score_and_reference_solutions(data_dir):
     assert task.score(s, r"... the answer is $\boxed{0.75}$.")["correct"]
     assert not task.score(s, r"... the answer is $\boxed{0.7}$.")["correct"]
     assert not task.score(s, "0.75 without a box")["correct"]
+
+
+# -- issue 12: exact numbers, signed infinities, equations as equations, spaceless matrices ------
+# Each pair was checked against math-verify 0.9.0 (`verify(parse(gold), parse(pred))`), which
+# gets all of them right; lm-eval's minerva_math agrees except on the equations (it keeps only
+# the right-hand side, so it accepts `-y = 2x + 3` for `y = 2x + 3`).
+
+def test_integers_compare_exactly():
+    assert not is_equiv("11111105000", r"11,\! 111,\! 111,\! 100")  # a real MATH500 answer
+    assert is_equiv("11111111100", r"11,\! 111,\! 111,\! 100")
+
+
+def test_decimals_compare_at_their_written_precision():
+    assert not is_equiv("0.0000680", ".0000672")
+    assert is_equiv("0.0000672", ".0000672") and is_equiv("1.50", "1.5")
+    assert is_equiv("0.333333", r"\frac13") and is_equiv(r"1.414214", r"\sqrt2")
+    assert not is_equiv("0.33", r"\frac13") and not is_equiv("3.1416", r"\pi")
+
+
+def test_infinities_keep_their_sign():
+    assert not is_equiv(r"(2,-\infty)", r"(2,\infty)")
+    assert not is_equiv(r"-\infty", r"\infty")
+    assert is_equiv(r"(2, \infty)", r"(2,\infty)")
+
+
+def test_equation_sign_of_one_side_matters():
+    assert not is_equiv("-y = 2x + 3", "y = 2x + 3")
+
+
+def test_equations_compare_both_sides():
+    assert not is_equiv("x + y + z = 0", "5x - 7y + 11z + 4 = 0")
+    assert is_equiv("10x - 14y + 22z + 8 = 0", "5x - 7y + 11z + 4 = 0")  # same plane
+    assert is_equiv("2x+3=y", "y = 2x + 3")
+    assert not is_equiv("k=3", "x=3")
+    assert is_equiv("x = 5", "5")  # an equation against a bare value: its right-hand side
+
+
+def test_matrices_without_spaces_parse():
+    ref = r"\begin{pmatrix} -2 \\ -14 \\ -7 \end{pmatrix}"
+    assert is_equiv(r"\begin{pmatrix}-2\\-14\\-7\end{pmatrix}", ref)
+    assert not is_equiv(r"\begin{pmatrix}-2\\-14\\7\end{pmatrix}", ref)
+    assert is_equiv(r"\begin{pmatrix}1&\frac12\\0&1\end{pmatrix}", r"\begin{pmatrix} 1 & 0.5 \\ 0 & 1 \end{pmatrix}")
+    assert not is_equiv(r"\begin{pmatrix}1&2\end{pmatrix}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}")
+
+
+def test_every_math500_reference_equals_itself_respaced(data_dir):
+    task = get_task("math500")
+    bad = [s.id for s in task.load(str(data_dir)) if not is_equiv(s.reference["answer"].replace(" ", ""), s.reference["answer"])]
+    assert bad == []

@@ -76,3 +76,12 @@ def test_tiny_task_loads_any_question_answer_jsonl(tmp_path):
     assert task.score(s[0], "#### 5")["correct"] and not task.score(s[0], "#### 6")["correct"]
     assert task.score(s[1], "so -2")["correct"]
     assert task.aggregate([task.score(s[0], "5"), task.score(s[1], "2")]) == {"accuracy": 0.5}
+
+
+def test_humaneval_falls_back_to_the_package_when_the_data_folder_lacks_it(tmp_path):
+    (tmp_path / "gsm8k").mkdir()  # a data folder with other tasks only
+    samples = get_task("humaneval").load(str(tmp_path))
+    assert len(samples) == 164 and samples[0].id == "HumanEval/0"
+    own = tmp_path / "HumanEval.jsonl"  # a folder that has it: its own copy wins
+    own.write_text('{"task_id": "X/0", "prompt": "def f():\\n", "test": "", "entry_point": "f"}\n')
+    assert [s.id for s in get_task("humaneval").load(str(tmp_path))] == ["X/0"]

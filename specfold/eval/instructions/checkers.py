@@ -3,8 +3,10 @@
 Each checker is `fn(response, **kwargs) -> bool` with the instruction's kwargs from the data file
 (`None` values dropped by the caller). `CHECKERS` maps instruction id -> checker.
 Deviations from the official code: keywords, section splitters and postscript markers are matched
-literally (re.escape) rather than as raw regexes; sentence counting and word tokenisation use the
-regex stand-ins of `text.py` instead of nltk; langdetect runs with a fixed seed.
+literally (re.escape) rather than as raw regexes; langdetect runs with a fixed seed; for a
+letter_frequency "letter" that is not one ASCII letter the official code checks a random letter,
+this one counts the named character. Sentence counting and word tokenisation are nltk's punkt and Treebank tokenizers,
+with the shipped punkt parameters (text.py).
 """
 from __future__ import annotations
 
@@ -100,10 +102,8 @@ def number_words(r: str, num_words: int, relation: str) -> bool:
 
 def json_format(r: str) -> bool:
     v = r.strip()
-    for prefix in ("```json", "```Json", "```JSON", "```"):
-        if v.startswith(prefix):
-            v = v[len(prefix):]
-            break
+    for prefix in ("```json", "```Json", "```JSON", "```"):  # one after the other, as the official code
+        v = v.removeprefix(prefix)
     v = v.removesuffix("```").strip()
     try:
         json.loads(v)
@@ -158,6 +158,9 @@ def title(r: str) -> bool:
 
 
 def letter_frequency(r: str, letter: str, let_frequency: int, let_relation: str) -> bool:
+    """Occurrences of `letter` (case-insensitive). For a `letter` that is not one ASCII letter
+    (the data has `#` and `!`) the official code checks a randomly drawn letter instead, so no
+    verdict can agree with it; this checker counts the character the instruction names."""
     return _compare(Counter(r.lower())[letter.strip().lower()], let_relation, let_frequency)
 
 

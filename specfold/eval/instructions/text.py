@@ -1,48 +1,55 @@
-"""Offline text utilities for the IFEval checkers (replacing nltk and wrapping langdetect).
+"""Offline text utilities for the IFEval checkers: nltk's punkt with shipped parameters, langdetect.
 
 - `count_words`: number of `\\w+` runs (what the official code counts with nltk's RegexpTokenizer).
-- `split_sentences` / `count_sentences`: a regex splitter standing in for nltk's punkt model
-  (which needs a download): a sentence ends at `.`, `!` or `?` (plus closing quotes/brackets)
-  followed by whitespace, except after a known abbreviation or a single-letter initial, and a `.`
-  does not end a sentence when the next word starts in lower case. Lines without end punctuation
-  do not end sentences (as with punkt).
-- `word_tokens`: a Treebank-like tokenizer standing in for `nltk.word_tokenize` (hyphenated words
-  stay whole, clitics such as n't / 's are split off, punctuation marks are tokens).
-- `detect_language`: langdetect with a fixed seed (deterministic); langdetect is an optional
-  dependency (`pip install langdetect`, it ships its language profiles, so it works offline).
+- `split_sentences` / `count_sentences`: nltk's own `PunktSentenceTokenizer` (the official
+  checker's splitter) with the English punkt_tab parameters shipped in `nltk_data/` (loaded from
+  there, never downloaded; see nltk_data/README.md for what is shipped and what is missing).
+- `word_tokens`: `nltk.word_tokenize` done the same way (punkt sentences, then nltk's Treebank
+  word tokenizer), with the shipped parameters.
+- `detect_language`: langdetect with a fixed seed (deterministic); langdetect ships its language
+  profiles, so it works offline.
+nltk and langdetect are the `eval` extra's dependencies, imported lazily: without them these
+functions raise an ImportError naming the package.
 """
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from pathlib import Path
 
-_ABBREV = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "inc", "ltd",
-    "co", "corp", "no", "fig", "approx", "dept", "est", "mt", "u.s", "u.k", "a.m", "p.m", "jan",
-    "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "gen", "gov",
-    "capt", "lt", "col", "rev", "ph.d", "cf", "al", "vol", "ed", "eds",
-}
-_END = re.compile(r"([.!?]+)([\"'\u201d\u2019)\]]*)(\s+)")
+PUNKT_DIR = Path(__file__).with_name("nltk_data") / "tokenizers" / "punkt_tab" / "english"
+
+
+def _nltk():
+    try:
+        import nltk  # type: ignore[import-not-found]
+    except ImportError:
+        raise ImportError("IFEval sentence and word counts need nltk (pip install 'specfold[eval]')") from None
+    return nltk
+
+
+@lru_cache(maxsize=1)
+def punkt():
+    """nltk's punkt sentence tokenizer with the shipped English parameters (loaded once)."""
+    _nltk()
+    from nltk.tabdata import PunktDecoder
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+    params, dec = PunktParameters(), PunktDecoder()  # what nltk's load_punkt_params reads, read here
+    with open(PUNKT_DIR / "collocations.tab", encoding="utf-8") as f:
+        params.collocations = set(dec.tab2tups(f))
+    with open(PUNKT_DIR / "sent_starters.txt", encoding="utf-8") as f:
+        params.sent_starters = dec.txt2set(f)
+    with open(PUNKT_DIR / "abbrev_types.txt", encoding="utf-8") as f:
+        params.abbrev_types = dec.txt2set(f)
+    with open(PUNKT_DIR / "ortho_context.tab", encoding="utf-8") as f:
+        params.ortho_context = dec.tab2intdict(f)
+    return PunktSentenceTokenizer(params)
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences of `text` (see module docstring); empty text gives []."""
-    out, start = [], 0
-    for m in _END.finditer(text):
-        punct, end = m.group(1), m.end()
-        if "." in punct and not any(c in punct for c in "!?"):
-            before = text[start : m.start()].split()
-            word = before[-1].lower().rstrip(".") if before else ""
-            nxt = text[end : end + 1]
-            if len(punct) == 1 and (word in _ABBREV or re.fullmatch(r"[a-z]", word)):
-                continue
-            if nxt.islower():
-                continue
-        out.append(text[start : m.end(2)].strip())
-        start = end
-    tail = text[start:].strip()
-    if tail:
-        out.append(tail)
-    return [s for s in out if s]
+    """Sentences of `text` as punkt splits them; empty text gives []."""
+    return punkt().tokenize(text)
 
 
 def count_sentences(text: str) -> int:
@@ -53,18 +60,15 @@ def count_words(text: str) -> int:
     return len(re.findall(r"\w+", text))
 
 
-_TOKEN = re.compile(
-    r"(?:[A-Za-z]\.){2,}"  # acronyms: U.S.
-    r"|\w+(?:-\w+)*?(?=n't\b)"  # do|n't
-    r"|n't\b|'(?:s|re|ve|ll|d|m)\b"
-    r"|\w+(?:-\w+)*"
-    r"|[^\w\s]",
-    re.IGNORECASE,
-)
+@lru_cache(maxsize=1)
+def _treebank():
+    return _nltk().tokenize.NLTKWordTokenizer()
 
 
 def word_tokens(text: str) -> list[str]:
-    return _TOKEN.findall(text)
+    """`nltk.word_tokenize(text)` with the shipped punkt parameters."""
+    tok = _treebank()
+    return [t for sent in split_sentences(text) for t in tok.tokenize(sent)]
 
 
 def detect_language(text: str) -> str | None:

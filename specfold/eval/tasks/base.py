@@ -56,7 +56,11 @@ class Task(ABC):
     def records(self, data: str | None, candidates: list[str], hf: Callable,
                 fallback: Path | None = None) -> list[dict[str, Any]]:
         """The benchmark's raw records: a local file (`data`, or one of `candidates` inside the folder
-        `data`), else `fallback` (a packaged copy), else HF `datasets` through `hf(load_dataset)`."""
+        `data`), else `fallback` (a packaged copy; also when the folder `data` has none of the
+        candidates), else HF `datasets` through `hf(load_dataset)`."""
+        if fallback is not None and data is not None and Path(data).expanduser().is_dir() \
+                and not any((Path(data).expanduser() / c).is_file() for c in candidates):
+            return read_records(fallback)
         path = find_file(self.name, data, candidates) or fallback
         return read_records(path) if path is not None else from_hf(self.name, hf)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from specfold.eval.code_extract import defines, extract_code
-from specfold.eval.sandbox import Limits, run_program
+from specfold.eval.sandbox import Limits, isolation, run_program
 from specfold.eval.tasks.base import DataError, Sample, Task, take
 
 PROMPT = (
@@ -52,6 +52,7 @@ class HumanEval(Task):
         self.limits = limits or Limits(timeout_s=10.0)
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
+        isolation()  # no OS sandbox here: fail now (one line), before any generation
         recs = self.records(data, ["HumanEval.jsonl.gz", "HumanEval.jsonl", "humaneval/HumanEval.jsonl.gz",
                                    "humaneval/HumanEval.jsonl"],
                             lambda ld: [dict(r) for r in ld("openai/openai_humaneval", split="test")],

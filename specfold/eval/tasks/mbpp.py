@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from specfold.eval.code_extract import extract_code
-from specfold.eval.sandbox import Limits
+from specfold.eval.sandbox import Limits, isolation
 from specfold.eval.tasks.base import DataError, Sample, Task, take
 from specfold.eval.tasks.humaneval import run_verdict
 
@@ -49,6 +49,7 @@ class MBPP(Task):
         self.limits = limits or Limits(timeout_s=10.0)
 
     def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
+        isolation()  # no OS sandbox here: fail now (one line), before any generation
         recs = self.records(data, self.candidates, lambda ld: [dict(r) for r in ld(
             "google-research-datasets/mbpp", self.hf_config, split="test")])
         samples = []
