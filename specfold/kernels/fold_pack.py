@@ -59,16 +59,7 @@ class PackPlan:
     """Per-verification index structures of one or many segments (built once, used by every layer)."""
 
     def __init__(self, segments: list[Segment], cos: list[Tensor], sin: list[Tensor], device: torch.device):
-        off = 0
-        drafts, anc_rows = [], []
-
-        def drafts_of(s: Segment) -> list[int]:
-            return [s.offset + i * s.N for i in range(1, s.B1)]
-
-        def parents_of(s: Segment) -> list[int]:
-            return [s.offset + s.par[i] * s.N for i in range(1, s.B1)]
-
-        depth = 1
+        off, depth, chains_of = 0, 1, []
         for s in segments:
             check_par(torch.tensor(s.par), s.B1)
             s.offset = off
@@ -79,28 +70,28 @@ class PackPlan:
                     c.append(s.par[c[-1]])
                 chains.append(c)
             depth = max(depth, max(len(c) for c in chains))
-            drafts.extend(range(1, s.B1))
-            anc_rows.append((off, s.N, chains))
+            chains_of.append(chains)
             off += s.size
         self.segments, self.T = segments, off
-        n_d = len(drafts)
         # draft rows (every position of every draft branch) and the parent's row at the same position
-        dr = [torch.arange(a, a + s.N) for s in segments for a in drafts_of(s)]
-        pr = [torch.arange(a, a + s.N) for s in segments for a in parents_of(s)]
-        self.draft_rows = (torch.cat(dr) if dr else torch.zeros(0, dtype=torch.long)).to(device)
-        self.parent_rows = (torch.cat(pr) if pr else torch.zeros(0, dtype=torch.long)).to(device)
+        dr, pr = [], []
+        for s in segments:
+            for i in range(1, s.B1):
+                dr.extend(range(s.offset + i * s.N, s.offset + (i + 1) * s.N))
+                pr.extend(range(s.offset + s.par[i] * s.N, s.offset + (s.par[i] + 1) * s.N))
+        self.draft_rows = torch.tensor(dr, dtype=torch.long, device=device)
+        self.parent_rows = torch.tensor(pr, dtype=torch.long, device=device)
         # ancestors [T, depth] (flat rows), padded with the root row of the same position
-        anc = torch.empty(self.T, depth, dtype=torch.long)
-        for off0, N, chains in anc_rows:
-            n = torch.arange(N)
-            for i, c in enumerate(chains):
+        anc = []
+        for s, chains in zip(segments, chains_of):
+            for c in chains:
                 c = c + [0] * (depth - len(c))
-                anc[off0 + i * N: off0 + (i + 1) * N] = off0 + torch.tensor(c)[None, :] * N + n[:, None]
-        self.anc = anc.to(device)
+                anc.extend([s.offset + b * s.N + n for b in c] for n in range(s.N))
+        self.anc = torch.tensor(anc, dtype=torch.long, device=device)
         self.cos = torch.cat([c.repeat(s.B1, 1) for c, s in zip(cos, segments)])  # [T, D]
         self.sin = torch.cat([c.repeat(s.B1, 1) for c, s in zip(sin, segments)])
         self.last = torch.tensor([s.offset + s.size - 1 for s in segments], dtype=torch.long, device=device)
-        self.has_drafts = n_d > 0
+        self.has_drafts = bool(dr)
 
     # ------------------------------------------------------------------ per-layer index ops
     def gate(self, X: Tensor, delta: float) -> Tensor:
