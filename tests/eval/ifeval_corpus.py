@@ -67,10 +67,6 @@ def _soup(rng: random.Random, pool: list[str], k: int) -> str:
     return " ".join(rng.choice(pool) for _ in range(k))
 
 
-def _around(n: int) -> int:
-    return max(0, n + random.Random(n).choice([-1, 0, 1]))
-
-
 def _shape(rng: random.Random, pool: list[str], iid: str, kw: dict, text: str) -> str:
     """One transformation of `text` aimed at instruction `iid` (kwargs `kw`)."""
     d = rng.choice([-1, 0, 1])

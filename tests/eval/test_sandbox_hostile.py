@@ -261,3 +261,12 @@ def test_weak_mode_must_be_asked_for(monkeypatch):
         assert not run_program("import os\nos._exit(0)\nassert False").passed
     finally:
         sandbox.backend.cache_clear()
+
+
+def test_output_and_private_tmp_are_capped():
+    r = run_program("import sys\nsys.stdout.write('x' * (64 << 20))\nsys.stdout.flush()", Limits(timeout_s=10.0, file_mb=4))
+    assert not r.passed and len(r.stdout) <= sandbox.TAIL  # SIGXFSZ at 4 MiB; only a tail is kept
+    fill = "n = 0\ntry:\n    while True:\n        open(f'/tmp/f{n}', 'wb').write(b'x' * (1 << 20)); n += 1\n" \
+           "except OSError as e:\n    assert e.errno == 28 and n < 64, n\n    raise SystemExit(1)"
+    r = run_program(fill, Limits(timeout_s=10.0, tmp_mb=8, guard=False))
+    assert r.status == "failed" and "AssertionError" not in r.stderr, r.stderr
