@@ -119,8 +119,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    import fastapi  # noqa: F401  (fail early when the serve extra is missing)
-
     from specfold.cli import add_decode_args, add_model_args
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)")
     add_model_args(p)

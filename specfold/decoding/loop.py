@@ -165,7 +165,7 @@ class Decoder:
                 self.policy.on_advance(True, node)
             else:
                 self._verify_and_store(state, parent, ctx, positions, cache, mask, int(masked.sum()), stats)
-                pos, logits, _, apos, alogits = store[(ctx.start, state.numpy().tobytes())]
+                pos, logits, _, apos, alogits = store[(ctx.start, tuple(state.tolist()))]
                 self.policy.on_advance(False, -1)
             scored = score(logits, pos, self.M, self.p.confidence, p.temperature, generator, self.policy.topk)
             ahead = None
@@ -233,16 +233,16 @@ class Decoder:
                     apos = torch.stack(parts[j + 1:]).any(0).nonzero()[:, 0]
                     arows = torch.tensor([lookup[int(x)] for x in apos.tolist()], dtype=torch.long)
                     apos, alog = apos - j * N, out[b, arows]
-                store.setdefault((ctx.start + j * N, toks[: (j + 1) * N].numpy().tobytes()),
+                store.setdefault((ctx.start + j * N, tuple(toks[: (j + 1) * N].tolist())),
                                  (pos_b - j * N, out[b, rows], node, apos, alog))
 
     # ---------------------------------------------------------------- eager windows
-    def _key(self, start: int, state: torch.Tensor) -> tuple[int, bytes]:
+    def _key(self, start: int, state: torch.Tensor) -> tuple[int, tuple[int, ...]]:
         """Store key of a block state: its start and every token from the stored batch's window start
         (committed since then) through the block: the exact state the logits belong to."""
         if start == self._origin:
-            return start, state.numpy().tobytes()
-        return start, torch.cat([self._seq[self._origin: start], state]).numpy().tobytes()
+            return start, tuple(state.tolist())
+        return start, tuple(torch.cat([self._seq[self._origin: start], state]).tolist())
 
     def _pad(self, t: torch.Tensor, W: int) -> torch.Tensor:
         if len(t) == W:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,12 +42,13 @@ def params_dict(params) -> dict[str, Any]:
 def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=None,
               sweeps: Sequence[tuple[str, list]] = (), data: str | None = None, limit: int | None = None,
               out: str | None = None, model_name: str | None = None, progress: bool = True,
-              warmup: int = 0) -> list[dict[str, Any]]:
+              warmup: int = 0, label: str = "bench") -> list[dict[str, Any]]:
     """Generate and score every (task sample, run); return the records of this run (resumed ones too).
 
     `base`: DecodeParams for every run (default: greedy, chat template on). `out`: JSONL to append
     to and resume from (None: nothing written). `warmup`: untimed generations before each run's
-    first timed sample (compilation, caches), none when everything is resumed.
+    first timed sample (compilation, caches), none when everything is resumed. `label`: the overall
+    progress bar's name ("bench", "eval").
     """
     from specfold.params import DecodeParams
 
@@ -61,7 +63,7 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     for run, _task, _s, rec in stored:  # refuse to mix runs before generating anything
         check_compatible(rec, model_name, pdicts[(run.method, run.setting)], out)
     total = sum(len(samples) for _, samples in loaded) * len(runs)
-    overall = _bar(progress, "bench", total, len(stored), position=0, leave=True)
+    overall = _bar(progress, label, total, len(stored), position=0, leave=True)
     records: list[dict[str, Any]] = []
     with RecordWriter(out) as writer:
         for task, samples in loaded:
@@ -131,36 +133,31 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
                                                       "mbpp, mbpp_full, ifeval, tiny)")
     ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
-    ap.add_argument("--limit", type=int, default=None, help="first N samples of each task")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed generations before each run")
+    from specfold.cli import positive_int
+    ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")
+    ap.add_argument("--warmup", type=int, choices=range(0, 101), default=1, metavar="N",
+                    help="untimed generations before each run (0-100)")
     ap.add_argument("--no-progress", action="store_true")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from specfold.cli import llm_from_args, params_from_args
     from specfold.decoding.methods import method_names
-    from specfold.errors import SpecfoldError
-    from specfold.eval.records import ResumeError
-    from specfold.eval.tasks import DataError
+    from specfold.errors import ParamsError
 
-    try:
-        sweeps = [parse_sweep(s) for s in a.sweep]
-        tasks = [get_task(t) for t in a.tasks.split(",")]
-        methods = a.methods.split(",") if a.methods else method_names()
-        unknown = [m for m in methods if m not in method_names()]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; registered: {method_names()}")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        llm = llm_from_args(a)
-        records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
-                            a.limit, a.out, model_name=model_label(a.model),
-                            progress=not a.no_progress, warmup=a.warmup)
-    except (SpecfoldError, ResumeError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sweeps = [parse_sweep(s) for s in a.sweep]
+    tasks = [get_task(t) for t in a.tasks.split(",")]
+    methods = a.methods.split(",") if a.methods else method_names()
+    unknown = [m for m in methods if m not in method_names()]
+    if unknown:
+        raise ParamsError(f"unknown method(s) {unknown}; registered: {method_names()}")
+    expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
+    check_writable_dir(a.plot, "--plot")
+    check_writable_dir(Path(a.out).parent if a.out else None, "--out")
+    llm = llm_from_args(a)
+    records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
+                        a.limit, a.out, model_name=model_label(a.model),
+                        progress=not a.no_progress, warmup=a.warmup)
     rows = summarize(records)
     table = format_table(rows)
     print(table)
@@ -173,6 +170,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
         for path in write_plots(rows, a.plot):
             print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def check_writable_dir(folder: str | Path | None, flag: str) -> None:
+    """ParamsError unless `folder` exists as a writable folder or can be created (checked before a
+    long run, not after it)."""
+    from specfold.errors import ParamsError
+    if folder is None:
+        return
+    d = Path(folder).expanduser()
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ParamsError(f"{flag} {str(folder)!r}: cannot create the folder ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ParamsError(f"{flag} {str(folder)!r}: the folder is not writable")
 
 
 def _command_line() -> str:

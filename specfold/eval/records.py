@@ -19,11 +19,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
+from specfold.errors import SpecfoldError
+
 KEY_FIELDS = ("task", "id", "method", "setting")
 Key = tuple[str, str, str, str]
 
 
-class ResumeError(ValueError):
+class ResumeError(SpecfoldError):
     """The JSONL cannot be resumed by this run (made with another model or other parameters)."""
 
 

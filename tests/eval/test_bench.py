@@ -53,7 +53,7 @@ class Counting:
         return self.llm.generate(prompts, params)
 
 
-def bench(llm, data, out, methods=("vanilla", "freedave"), sweeps=(("delta", [0.05, 0.1]),), **kw):
+def bench(llm, data, out, methods=("vanilla", "freedave"), sweeps=(("draft_depth", [2, 4]),), **kw):
     return run_bench(llm, ["tiny"], list(methods), kw.pop("base", BASE), list(sweeps), str(data), N, out,
                      model_name="m", progress=False, **kw)
 

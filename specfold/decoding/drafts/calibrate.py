@@ -29,6 +29,7 @@ from specfold.decoding.loop import BlockContext, DraftPolicy, Step
 from specfold.decoding.rules import rank
 from specfold.errors import ParamsError
 from specfold.params import DecodeParams
+from specfold.text import read_text_lines
 
 TOPK = 4  # vocabulary ranks considered
 MAX_DEPTH = 8  # transitions followed from a root
@@ -145,7 +146,7 @@ def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branch
 
 def read_prompts(path: str | Path) -> list[str]:
     """JSON Lines with a "prompt" or "question" field per line, or plain text (one prompt per line)."""
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    lines = read_text_lines(path, "--prompts")
     out = []
     for i, ln in enumerate(lines, start=1):
         if ln.lstrip().startswith("{"):

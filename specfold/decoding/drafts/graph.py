@@ -179,7 +179,7 @@ class DraftGraph:
         M = ctx.mask_id
         states: list[torch.Tensor | None] = [root]
         branch_of: list[int] = [0]  # node -> verification branch index
-        seen = {root.numpy().tobytes(): 0}
+        seen = {tuple(root.tolist()): 0}
         drafts: list[Draft] = []
         nodes = self.nodes if limit is None else self.nodes[:limit]
         for i, n in enumerate(nodes, start=1):
@@ -207,7 +207,7 @@ class DraftGraph:
                 states.append(None)
                 branch_of.append(-1)
                 continue
-            key = st.numpy().tobytes()
+            key = tuple(st.tolist())
             states.append(st)
             if key in seen:
                 branch_of.append(seen[key])

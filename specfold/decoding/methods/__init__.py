@@ -10,6 +10,7 @@ from typing import Callable
 from specfold.errors import ParamsError
 
 _METHODS: dict[str, Callable] = {}
+BUILTIN = ("vanilla", "freedave", "spiffy", "specfold")  # the modules below (names for --help, no import)
 
 
 def register(name: str):
@@ -21,7 +22,7 @@ def register(name: str):
 
 def _load_builtin() -> None:
     import importlib
-    for mod in ("vanilla", "freedave", "spiffy", "specfold"):
+    for mod in BUILTIN:
         try:
             importlib.import_module(f"specfold.decoding.methods.{mod}")
         except ModuleNotFoundError as e:  # a method not built yet is simply not offered
