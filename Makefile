@@ -1,4 +1,5 @@
-# Two entry points that work on a fresh machine: `make demo` and `make test`.
+# Two entry points that work on a fresh machine: `make demo` and `make test`
+# (and `make plain-install-check`, which CI runs after `make test`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,4 +25,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
 
-.PHONY: install demo test
+# torch + `pip install .` alone (no extras) in a fresh temp venv: CLI, README snippet, extra hints
+plain-install-check:
+	PY=$(PY) bash .ci/plain_install_check.sh
+
+.PHONY: install demo test plain-install-check

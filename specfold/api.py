@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+import warnings
 from typing import Sequence
 
-import torch
+with warnings.catch_warnings():  # the core install has no numpy, which specfold never needs
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch
 
 from specfold.decoding.loop import Decoder
 from specfold.decoding.methods import get_method

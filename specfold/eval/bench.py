@@ -65,7 +65,7 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     total = sum(len(samples) for _, samples in loaded) * len(runs)
     overall = _bar(progress, label, total, len(stored), position=0, leave=True)
     records: list[dict[str, Any]] = []
-    with RecordWriter(out) as writer:
+    with overall, RecordWriter(out) as writer:
         for task, samples in loaded:
             refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
             for run in runs:
@@ -80,20 +80,19 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
                         refs[(run.setting, s.id)] = rec
                 bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
                            position=1, leave=False)
-                for _ in range(warmup if todo else 0):
-                    llm.generate([todo[0].prompt], run.params)
-                for s in todo:
-                    o = llm.generate([s.prompt], run.params)[0]
-                    rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
-                                      refs.get((run.ref_setting, s.id)))
-                    writer.write(rec)
-                    records.append(rec)
-                    if run.method == REFERENCE:
-                        refs[(run.setting, s.id)] = rec
-                    bar.update(1)
-                    overall.update(1)
-                bar.close()
-    overall.close()
+                with bar:  # closed on Ctrl-C too, so the terminal is left tidy
+                    for _ in range(warmup if todo else 0):
+                        llm.generate([todo[0].prompt], run.params)
+                    for s in todo:
+                        o = llm.generate([s.prompt], run.params)[0]
+                        rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
+                                          refs.get((run.ref_setting, s.id)))
+                        writer.write(rec)
+                        records.append(rec)
+                        if run.method == REFERENCE:
+                            refs[(run.setting, s.id)] = rec
+                        bar.update(1)
+                        overall.update(1)
     return records
 
 
@@ -133,10 +132,9 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
                                                       "mbpp, mbpp_full, ifeval, tiny)")
     ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
-    from specfold.cli import positive_int
+    from specfold.cli import nonnegative_int, positive_int
     ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")
-    ap.add_argument("--warmup", type=int, choices=range(0, 101), default=1, metavar="N",
-                    help="untimed generations before each run (0-100)")
+    ap.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed generations before each run")
     ap.add_argument("--no-progress", action="store_true")
 
 
@@ -153,7 +151,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise ParamsError(f"unknown method(s) {unknown}; registered: {method_names()}")
     expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
     check_writable_dir(a.plot, "--plot")
-    check_writable_dir(Path(a.out).parent if a.out else None, "--out")
+    check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
     llm = llm_from_args(a)
     records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
                         a.limit, a.out, model_name=model_label(a.model),
@@ -172,19 +170,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def check_writable_dir(folder: str | Path | None, flag: str) -> None:
-    """ParamsError unless `folder` exists as a writable folder or can be created (checked before a
-    long run, not after it)."""
+def check_writable_dir(folder: str | Path | None, what: str) -> None:
+    """ParamsError (naming `what`) unless `folder` is a writable folder or can be created: checked
+    before a long run, not after it."""
     from specfold.errors import ParamsError
     if folder is None:
         return
     d = Path(folder).expanduser()
+    if d.exists() and not d.is_dir():
+        raise ParamsError(f"{what} {str(d)!r} is a file, not a folder")
     try:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ParamsError(f"{flag} {str(folder)!r}: cannot create the folder ({e.strerror or e})") from None
+        raise ParamsError(f"{what} {str(d)!r} cannot be created ({e.strerror or e})") from None
     if not os.access(d, os.W_OK | os.X_OK):
-        raise ParamsError(f"{flag} {str(folder)!r}: the folder is not writable")
+        raise ParamsError(f"{what} {str(d)!r} is not writable")
 
 
 def _command_line() -> str:

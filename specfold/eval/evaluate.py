@@ -36,7 +36,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     params = params_from_args(a)
     get_method(params.method)  # unknown method: one line before the model is loaded
     tasks = [get_task(t) for t in a.tasks.split(",")]
-    check_writable_dir(Path(a.out).parent if a.out else None, "--out")
+    check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
     llm = llm_from_args(a)
     records = run_bench(llm, tasks, [params.method], params, data=a.data, limit=a.limit,
                         out=a.out, model_name=model_label(a.model),

@@ -162,7 +162,7 @@ def test_summarize_ratios_and_plots(tmp_path):
     assert s2["match"] == pytest.approx(0.875) and s2["exact"] == 0.5 and s2["fold_ratio"] == 0.5
     assert "| tiny | specfold | branches=4 | 2 | 0.500 | 0.50 |" in format_table(rows)
     paths = write_plots(rows, tmp_path / "p")
-    assert [p.name for p in paths] == ["accuracy_vs_speed.png", "gain_vs_branches.png"]
+    assert [p.name for p in paths] == ["accuracy_vs_speed.png", "speed_vs_vanilla.png", "gain_vs_branches.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert token_match([], []) == (1.0, True) and token_match([1, 2], [1, 2, 3]) == (2 / 3, False)
 
