@@ -134,6 +134,24 @@ def test_generate_bad_flags(capsys, argv, message):
     assert rc == 2 and message in err
 
 
+@needs_tiny
+def test_override_of_the_wrong_type(capsys):
+    rc, err = run(capsys, "generate", "--prompt", "hi", "--override", "mask_token_id=abc")
+    assert rc == 2 and err == "error: override mask_token_id='abc': expected an integer"
+    rc, err = run(capsys, "generate", "--prompt", "hi", "--override", "stop_token_ids=3")
+    assert rc == 2 and err == "error: override stop_token_ids=3: expected a list of integers"
+
+
+def test_train_tiny_and_calibrate_bad_numbers(capsys, tmp_path):
+    rc, err = run(capsys, "train-tiny", "--out", str(tmp_path / "t"), "--steps", "0")
+    assert rc == 2 and "argument --steps: expected a positive integer, got 0" in err
+    (tmp_path / "empty.txt").write_text("")
+    rc, err = run(capsys, "calibrate", "--prompts", str(tmp_path / "empty.txt"), "--out", str(tmp_path / "g.json"))
+    assert rc == 2 and err == "error: calibration needs at least one prompt"
+    rc, err = run(capsys, "calibrate", "--prompts", str(tmp_path / "empty.txt"), "--out", "g.json", "--limit", "-1")
+    assert rc == 2 and "argument --limit: expected a positive integer, got -1" in err
+
+
 def test_unknown_command_and_demo_method(capsys):
     rc, err = run(capsys, "banana")
     assert rc == 2 and "invalid choice: 'banana'" in err

@@ -177,12 +177,12 @@ def _cmd(a: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from specfold.cli import add_decode_args, add_model_args
+    from specfold.cli import add_decode_args, add_model_args, positive_int
     ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
     add_model_args(ap)
     add_decode_args(ap)
     ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
-    ap.add_argument("--limit", type=int, default=50, help="prompts used (default 50)")
+    ap.add_argument("--limit", type=positive_int, default=50, help="prompts used (default 50)")
     ap.add_argument("--out", required=True, help="graph JSON to write")
     ap.add_argument("--selection", choices=SELECTIONS, default="degree1",
                     help="node choice: count + parent's count (Spiffy's degree-1 accumulation) or count alone")
