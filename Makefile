@@ -1,4 +1,5 @@
-# Two entry points that work on a fresh machine: `make demo` and `make test`.
+# Two entry points that work on a fresh machine: `make demo` and `make test`
+# (and `make plain-install-check`, which CI runs after `make test`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,10 +15,18 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	@echo "== 1. every method under the static rule (one token per step): drafts are accepted, so"
+	@echo "==    the speculative methods need fewer forwards than vanilla for the same tokens"
 	$(BIN)/specfold demo --n 3 --methods vanilla,freedave,spiffy,specfold --rule static
+	@echo "== 2. vanilla under the tiny model's own rule (confidence threshold: several tokens per"
+	@echo "==    forward already, so it is not comparable with the one-token-per-step runs above)"
 	$(BIN)/specfold demo --n 3 --methods vanilla
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
 
-.PHONY: install demo test
+# torch + `pip install .` alone (no extras) in a fresh temp venv: CLI, README snippet, extra hints
+plain-install-check:
+	PY=$(PY) bash .ci/plain_install_check.sh
+
+.PHONY: install demo test plain-install-check

@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 from importlib import resources
 from pathlib import Path
+import warnings
 from typing import Sequence
 
-import torch
+with warnings.catch_warnings():  # the core install has no numpy, which specfold never needs
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch
 
 from specfold.decoding.loop import Decoder
 from specfold.decoding.methods import get_method
@@ -29,6 +32,7 @@ from specfold.models.loader import load_model
 from specfold.models.tokenizer import Tokenizer
 from specfold.outputs import RequestOutput
 from specfold.params import DecodeParams, EngineConfig, SamplingParams
+from specfold.text import check_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
@@ -54,6 +58,19 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ParamsError(f"unknown dtype {dtype!r}; accepted: {sorted(DTYPES)}") from None
 
 
+def _device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ParamsError(f"unknown device {device!r}; accepted: 'cpu', 'cuda', 'cuda:N'") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ParamsError(f"device {str(device)!r} is not available ({why}); use device 'cpu'")
+    if dev.type not in ("cpu", "cuda"):
+        raise ParamsError(f"device {str(device)!r} is not supported; accepted: 'cpu', 'cuda', 'cuda:N'")
+    return dev
+
+
 class LLM:
     def __init__(self, model: str | os.PathLike = "tiny", dtype: str | torch.dtype = "float32",
                  device: str = "cpu", overrides: dict | None = None, config: EngineConfig | None = None,
@@ -65,6 +82,7 @@ class LLM:
             raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist (expected a local "
                                   f"HuggingFace folder with config.json and *.safetensors, or 'tiny')")
         self.path = path
+        device = _device(device)
         self.tokenizer = Tokenizer.load(path)
         self.model, self.spec, self.config = load_model(
             path, _dtype(dtype), device, overrides, self.tokenizer.vocab if self.tokenizer else None)
@@ -85,6 +103,7 @@ class LLM:
         if isinstance(prompt, str):
             if not prompt:
                 raise ParamsError("empty prompt string")
+            check_text(prompt, "prompt")
             if self.tokenizer is None:
                 raise CheckpointError(f"{str(self.path)!r} has no tokenizer.json: pass prompts as lists "
                                       f"of token ids")

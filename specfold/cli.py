@@ -1,6 +1,13 @@
 """`specfold` command line: generate, demo, and the subcommands other parts register
-(calibrate, bench, eval, train-tiny, serve). Subcommands whose optional dependencies are missing
-are still listed and fail with the install hint when used."""
+(calibrate, bench, eval, train-tiny, serve).
+
+Invariants:
+- `specfold --help` imports neither torch nor any optional extra: only the subcommand being run
+  is registered in full (its module imported); the others are listed by name and help.
+- Every user error ends in ONE line on stderr and exit status 2 (argparse errors, SpecfoldError,
+  a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130,
+  keeping whatever a resumable run already wrote. Any other exception is a bug and keeps its traceback.
+"""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +17,33 @@ import sys
 
 from specfold.params import CONFIDENCES, RULES
 
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block): `specfold generate: error: ... (see --help)`."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(text: str, lo: int, what: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if v < lo:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0, "an integer >= 0")
+
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="tiny", help="local HuggingFace checkpoint folder, or 'tiny'")
@@ -17,13 +51,13 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
                     help="model spec override, e.g. mask_token_id=151665 (repeatable)")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
 
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    from specfold.decoding.methods import method_names
+    from specfold.decoding.methods import BUILTIN
     g = ap.add_argument_group("decoding")
-    g.add_argument("--method", default="vanilla", help=f"one of {method_names()}")
+    g.add_argument("--method", default="vanilla", help=f"one of {', '.join(BUILTIN)}")
     g.add_argument("--rule", choices=RULES, default=None, help="unmask rule (default: the family's)")
     g.add_argument("--block-size", type=int)
     g.add_argument("--sub-block-size", type=int)
@@ -31,7 +65,7 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--threshold", type=float)
     g.add_argument("--confidence", choices=CONFIDENCES)
     g.add_argument("--steps", type=int, help="llada: steps per block; dream: total steps")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-new-tokens", type=positive_int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--no-chat-template", action="store_true", help="send the prompt text as is")
@@ -80,21 +114,22 @@ def stats_line(st) -> str:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    llm = llm_from_args(a)
-    params = params_from_args(a)
-    prompts: list = list(a.prompt)
+    from specfold.text import check_text, read_text_lines
+    params = params_from_args(a)  # bad settings fail before the model is loaded
+    prompts: list = [check_text(p, "--prompt") for p in a.prompt]
     for ids in a.prompt_ids:
         try:
             prompts.append([int(t) for t in ids.split(",")])
         except ValueError:
             print(f"error: --prompt-ids takes comma-separated integers, got {ids!r}", file=sys.stderr)
-            return 2
+            return EXIT_USAGE
     if a.prompt_file:
-        with open(a.prompt_file) as f:
-            prompts += [line.rstrip("\n") for line in f if line.strip()]
+        prompts += read_text_lines(a.prompt_file, "--prompt-file")
     if not prompts:
-        print("error: give --prompt TEXT, --prompt-ids IDS or --prompt-file FILE", file=sys.stderr)
-        return 2
+        print("error: give --prompt TEXT, --prompt-ids IDS or --prompt-file FILE (a file with at least one "
+              "non-empty line)", file=sys.stderr)
+        return EXIT_USAGE
+    llm = llm_from_args(a)
     outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not a.json)
     for o in outs:
         if a.json:
@@ -106,85 +141,137 @@ def cmd_generate(a: argparse.Namespace) -> int:
     return 0
 
 
+def rule_label(p) -> str:
+    """The unmask rule of resolved params `p` with the setting that decides its speed."""
+    if p.rule in ("threshold", "sub_block"):
+        return f"rule {p.rule} {p.threshold}"
+    if p.rule in ("llada", "dream"):
+        return f"rule {p.rule} steps={p.steps}"
+    return f"rule {p.rule} k={p.tokens_per_step}"
+
+
 def cmd_demo(a: argparse.Namespace) -> int:
-    """Run held-out problems of the tiny model's task through the embedded model, per method."""
+    """Run held-out problems of the tiny model's task through the embedded model, per method; every
+    run is labelled with its method and its (resolved) unmask rule."""
     from specfold.api import LLM, tiny_path
+    from specfold.decoding.methods import get_method
     from specfold.params import DecodeParams
+    methods = a.methods.split(",")
+    plist = [DecodeParams(method=m, rule=a.rule, chat_template=True, max_new_tokens=a.max_new_tokens)
+             for m in methods]
+    for m in methods:
+        get_method(m)  # an unknown method fails before any work
     llm = LLM("tiny")
     rows = [json.loads(line) for line in (tiny_path() / "heldout.jsonl").read_text().splitlines()[: a.n]]
     summary = []
-    for method in a.methods.split(","):
-        params = DecodeParams(method=method, rule=a.rule, chat_template=True, max_new_tokens=a.max_new_tokens)
+    for method, params in zip(methods, plist):
+        label = f"{method}, {rule_label(params.resolve(llm.spec))}"
         outs = llm.generate([r["question"] for r in rows], params)
         right = 0
         for row, out in zip(rows, outs):
             want = row["answer"].rsplit("####", 1)[-1].strip()
             got = out.text.rsplit("####", 1)[-1].strip() if "####" in out.text else "?"
             right += got == want
-            print(f"--- [{method}] {row['question']}\n{out.text}\n{stats_line(out.stats)} "
+            print(f"--- [{label}] {row['question']}\n{out.text}\n{stats_line(out.stats)} "
                   f"answer {got} (expected {want}: {'correct' if got == want else 'wrong'})")
         nfe, toks = sum(o.stats.nfe for o in outs), sum(o.stats.tokens for o in outs)
         secs = sum(o.stats.seconds for o in outs)
-        summary.append(f"{method:>9}: {right}/{len(rows)} correct, {nfe} forwards, "
+        summary.append(f"{label:>32}: {right}/{len(rows)} correct, {nfe} forwards, "
                        f"{toks / max(nfe, 1):.2f} tokens/forward, {toks / secs:.0f} tokens/s")
     print("\n" + "\n".join(summary))
     return 0
 
 
-# subcommands provided by other parts: (name, module, help)
+# subcommands provided by other parts: (name, module, help, extra it needs or None)
 _PLUGINS = [
-    ("calibrate", "specfold.decoding.drafts.calibrate", "calibrate a Spiffy draft graph"),
-    ("bench", "specfold.eval.bench", "benchmark methods side by side"),
-    ("eval", "specfold.eval.evaluate", "score a method on benchmarks"),
-    ("train-tiny", "specfold.tiny.train", "train the embedded tiny model"),
-    ("serve", "specfold.serve", "OpenAI-compatible server"),
-    ("widen", "specfold.widen_cli", "widen a checkpoint without changing its function (cost proxy)"),
+    ("calibrate", "specfold.decoding.drafts.calibrate", "calibrate a Spiffy draft graph", None),
+    ("bench", "specfold.eval.bench", "benchmark methods side by side (needs the 'eval' extra)", "eval"),
+    ("eval", "specfold.eval.evaluate", "score a method on benchmarks (needs the 'eval' extra)", "eval"),
+    ("train-tiny", "specfold.tiny.train", "train the embedded tiny model", None),
+    ("serve", "specfold.serve", "OpenAI-compatible server (needs the 'serve' extra)", "serve"),
+    ("widen", "specfold.widen_cli", "widen a checkpoint without changing its function (cost proxy)", None),
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="specfold", description="fast lossless decoding for diffusion LLMs")
-    sub = ap.add_subparsers(dest="command", required=True)
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `command`, only that plugin subcommand is registered in full (the others are
+    listed by name, their modules not imported). `command=None` registers every one."""
+    ap = Parser(prog="specfold", description="fast lossless decoding for diffusion LLMs",
+                epilog="exit status: 0 ok, 2 bad input (one line on stderr), 130 interrupted")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     g = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(g)
     add_decode_args(g)
     g.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     g.add_argument("--prompt-ids", action="append", default=[], help="token ids, e.g. 1,2,3 (repeatable)")
-    g.add_argument("--prompt-file", help="one prompt per line")
+    g.add_argument("--prompt-file", help="UTF-8 text file, one prompt per line")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt")
     g.add_argument("--quiet-stats", action="store_true", help="stats line to stderr")
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("demo", help="held-out problems through the embedded tiny model")
-    d.add_argument("--n", type=int, default=3)
+    d.add_argument("--n", type=positive_int, default=3)
     d.add_argument("--methods", default="vanilla")
     d.add_argument("--rule", choices=RULES, default=None, help="unmask rule (default: the model's)")
-    d.add_argument("--max-new-tokens", type=int, default=128)
+    d.add_argument("--max-new-tokens", type=positive_int, default=128)
     d.set_defaults(func=cmd_demo)
-    for name, module, help_ in _PLUGINS:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if not (module == e.name or module.startswith(str(e.name) + ".")):
-                missing = e.name
-
-                def fail(_a, missing=missing, name=name):
-                    print(f"error: `specfold {name}` needs the optional package {missing!r}; "
-                          f"install it (pip install 'specfold[eval,serve]')", file=sys.stderr)
-                    return 2
-                sub.add_parser(name, help=help_ + " (unavailable)").set_defaults(func=fail)
+    for name, module, help_, _extra in _PLUGINS:
+        if command is not None and command != name:
+            sub.add_parser(name, help=help_, add_help=False)  # listed only; never parsed in this process
             continue
-        mod.register(sub)
+        importlib.import_module(module).register(sub)
     return ap
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option)."""
+    return next((x for x in argv if not x.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every user error ends as one line on stderr (see the module docstring)."""
+    import warnings
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
     from specfold.errors import SpecfoldError
-    a = build_parser().parse_args(argv)
+    from specfold.extras import MissingExtraError, extra_of, hint, require
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command(argv)
+    prog = f"specfold {command}" if command else "specfold"
     try:
+        extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
+        if extra is not None:
+            require(extra, prog)
+        a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
         return a.func(a) or 0
+    except MissingExtraError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as e:  # an optional package imported on the way (e.g. triton)
+        if extra_of(e.name) is None:
+            raise
+        print(f"error: {hint(prog, extra_of(e.name), e.name)}", file=sys.stderr)
+        return EXIT_USAGE
     except SpecfoldError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except OSError as e:  # a file that cannot be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def lm_eval_main() -> int:
+    """`specfold-lm-eval`: lm-eval's CLI with the specfold model registered (needs the 'lm-eval' extra)."""
+    from specfold.extras import MissingExtraError, require
+    try:
+        require("lm-eval", "specfold-lm-eval")
+    except MissingExtraError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    from specfold.eval.lm_eval_adapter import main as adapter_main
+    return adapter_main() or 0
 
 
 if __name__ == "__main__":

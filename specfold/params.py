@@ -82,6 +82,12 @@ class DecodeParams:
         """A copy with every decode field set: unset ones take the family's defaults."""
         p = dataclasses.replace(self)
         p.rule = p.rule or spec.rule
+        if p.rule == "dream" and spec.attention != "bidirectional":
+            from specfold.models.spec import FAMILIES
+            fams = sorted({f["family"] for f in FAMILIES.values() if f.get("attention") == "bidirectional"})
+            raise ParamsError(f"rule 'dream' decodes the whole answer as one bidirectional canvas: it is for "
+                              f"bidirectional models ({', '.join(fams)}), not {spec.family} ({spec.attention} "
+                              f"attention); use this family's default rule ({spec.rule!r}) or another one")
         if p.rule == "dream" and p.block_size is None:
             p.block_size = p.max_new_tokens  # Dream decodes the whole canvas as one block
         p.block_size = p.block_size or spec.block_size

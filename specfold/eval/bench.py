@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,12 +42,13 @@ def params_dict(params) -> dict[str, Any]:
 def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=None,
               sweeps: Sequence[tuple[str, list]] = (), data: str | None = None, limit: int | None = None,
               out: str | None = None, model_name: str | None = None, progress: bool = True,
-              warmup: int = 0) -> list[dict[str, Any]]:
+              warmup: int = 0, label: str = "bench") -> list[dict[str, Any]]:
     """Generate and score every (task sample, run); return the records of this run (resumed ones too).
 
     `base`: DecodeParams for every run (default: greedy, chat template on). `out`: JSONL to append
     to and resume from (None: nothing written). `warmup`: untimed generations before each run's
-    first timed sample (compilation, caches), none when everything is resumed.
+    first timed sample (compilation, caches), none when everything is resumed. `label`: the overall
+    progress bar's name ("bench", "eval").
     """
     from specfold.params import DecodeParams
 
@@ -61,9 +63,9 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     for run, _task, _s, rec in stored:  # refuse to mix runs before generating anything
         check_compatible(rec, model_name, pdicts[(run.method, run.setting)], out)
     total = sum(len(samples) for _, samples in loaded) * len(runs)
-    overall = _bar(progress, "bench", total, len(stored), position=0, leave=True)
+    overall = _bar(progress, label, total, len(stored), position=0, leave=True)
     records: list[dict[str, Any]] = []
-    with RecordWriter(out) as writer:
+    with overall, RecordWriter(out) as writer:
         for task, samples in loaded:
             refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
             for run in runs:
@@ -78,20 +80,19 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
                         refs[(run.setting, s.id)] = rec
                 bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
                            position=1, leave=False)
-                for _ in range(warmup if todo else 0):
-                    llm.generate([todo[0].prompt], run.params)
-                for s in todo:
-                    o = llm.generate([s.prompt], run.params)[0]
-                    rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
-                                      refs.get((run.ref_setting, s.id)))
-                    writer.write(rec)
-                    records.append(rec)
-                    if run.method == REFERENCE:
-                        refs[(run.setting, s.id)] = rec
-                    bar.update(1)
-                    overall.update(1)
-                bar.close()
-    overall.close()
+                with bar:  # closed on Ctrl-C too, so the terminal is left tidy
+                    for _ in range(warmup if todo else 0):
+                        llm.generate([todo[0].prompt], run.params)
+                    for s in todo:
+                        o = llm.generate([s.prompt], run.params)[0]
+                        rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
+                                          refs.get((run.ref_setting, s.id)))
+                        writer.write(rec)
+                        records.append(rec)
+                        if run.method == REFERENCE:
+                            refs[(run.setting, s.id)] = rec
+                        bar.update(1)
+                        overall.update(1)
     return records
 
 
@@ -131,37 +132,34 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
                                                       "mbpp, mbpp_full, ifeval, tiny)")
     ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
-    ap.add_argument("--limit", type=int, default=None, help="first N samples of each task")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed generations before each run")
+    from specfold.cli import nonnegative_int, positive_int
+    ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")
+    ap.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed generations before each run")
     ap.add_argument("--no-progress", action="store_true")
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from specfold.cli import llm_from_args, params_from_args
     from specfold.decoding.methods import method_names
-    from specfold.errors import SpecfoldError
-    from specfold.eval.records import ResumeError
-    from specfold.eval.tasks import DataError
+    from specfold.errors import ParamsError
 
-    try:
-        sweeps = [parse_sweep(s) for s in a.sweep]
-        tasks = [get_task(t) for t in a.tasks.split(",")]
-        methods = a.methods.split(",") if a.methods else None  # None: every method this model can run
-        unknown = [m for m in methods or [] if m not in method_names()]
-        if unknown:
-            raise ValueError(f"unknown method(s) {unknown}; registered: {method_names()}")
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        llm = llm_from_args(a)
-        methods = methods or method_names(llm.spec)
-        records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
-                            a.limit, a.out, model_name=model_label(a.model),
-                            progress=not a.no_progress, warmup=a.warmup)
-    except (SpecfoldError, ResumeError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    sweeps = [parse_sweep(s) for s in a.sweep]
+    tasks = [get_task(t) for t in a.tasks.split(",")]
+    methods = a.methods.split(",") if a.methods else None  # None: every method this model can run
+    unknown = [m for m in methods or [] if m not in method_names()]
+    if unknown:
+        raise ParamsError(f"unknown method(s) {unknown}; registered: {method_names()}")
+    if methods:
+        expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
+    check_writable_dir(a.plot, "--plot")
+    check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
+    llm = llm_from_args(a)
+    if methods is None:
+        methods = method_names(llm.spec)
+        expand_runs(methods, params_from_args(a), sweeps)
+    records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
+                        a.limit, a.out, model_name=model_label(a.model),
+                        progress=not a.no_progress, warmup=a.warmup)
     rows = summarize(records)
     table = format_table(rows)
     print(table)
@@ -174,6 +172,23 @@ def cmd_bench(a: argparse.Namespace) -> int:
         for path in write_plots(rows, a.plot):
             print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def check_writable_dir(folder: str | Path | None, what: str) -> None:
+    """ParamsError (naming `what`) unless `folder` is a writable folder or can be created: checked
+    before a long run, not after it."""
+    from specfold.errors import ParamsError
+    if folder is None:
+        return
+    d = Path(folder).expanduser()
+    if d.exists() and not d.is_dir():
+        raise ParamsError(f"{what} {str(d)!r} is a file, not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ParamsError(f"{what} {str(d)!r} cannot be created ({e.strerror or e})") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ParamsError(f"{what} {str(d)!r} is not writable")
 
 
 def _command_line() -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from specfold.eval.bench import add_run_args, model_label, run_bench
@@ -28,19 +29,18 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
 
 def cmd_eval(a: argparse.Namespace) -> int:
     from specfold.cli import llm_from_args, params_from_args
-    from specfold.errors import SpecfoldError
-    from specfold.eval.records import ResumeError
-    from specfold.eval.tasks import DataError
+    from specfold.decoding.methods import get_method
+    from specfold.eval.bench import check_writable_dir
+    from specfold.eval.tasks import get_task
 
-    try:
-        params = params_from_args(a)
-        llm = llm_from_args(a)
-        records = run_bench(llm, a.tasks.split(","), [params.method], params, data=a.data, limit=a.limit,
-                            out=a.out, model_name=model_label(a.model),
-                            progress=not a.no_progress, warmup=a.warmup)
-    except (SpecfoldError, ResumeError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    params = params_from_args(a)
+    get_method(params.method)  # unknown method: one line before the model is loaded
+    tasks = [get_task(t) for t in a.tasks.split(",")]
+    check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
+    llm = llm_from_args(a)
+    records = run_bench(llm, tasks, [params.method], params, data=a.data, limit=a.limit,
+                        out=a.out, model_name=model_label(a.model),
+                        progress=not a.no_progress, warmup=a.warmup, label="eval")
     print(format_results(summarize(records)))
     if a.out:
         print(f"records: {a.out}", file=sys.stderr)

@@ -2,8 +2,14 @@
 
 - `accuracy_vs_speed.png`: one panel per task, one point per (method, setting): accuracy against
   tokens/s.
+- `speed_vs_vanilla.png`: one bar pair per (task, method, setting) other than vanilla: tokens per
+  forward and tokens/s as ratios to vanilla (1 = no gain), the figures the tables call (×v).
 - `gain_vs_branches.png`: written only when rows carry a `branches` sweep value: tokens/s as a
   ratio to vanilla against the number of branches B, one line per (task, method, other settings).
+
+Readability invariants: points and lines are named in a legend outside the axes (never by text
+beside the points, which overlaps when points are close); each series has its own colour (and a
+marker per method), the same in every panel; accuracy axes span exactly [0, 1].
 """
 from __future__ import annotations
 
@@ -23,25 +29,75 @@ def _pyplot():
 def _save(plt, fig, path: str | os.PathLike) -> Path:
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=120)
+    fig.savefig(out, dpi=120, bbox_inches="tight")  # keeps the outside legend in the picture
     plt.close(fig)
     return out
+
+
+MARKERS = "osD^vP*Xhp<>"
+
+
+def _colours(plt, n: int) -> list:
+    """`n` distinct colours: tab10 up to 10, tab20 up to 20, else evenly spaced on turbo."""
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("turbo")(i / (n - 1)) for i in range(n)]
+
+
+def _styles(plt, keys: Sequence[tuple]) -> dict[tuple, dict]:
+    """Colour per key, marker per key's first element (the method)."""
+    methods = list(dict.fromkeys(k[0] for k in keys))
+    cols = _colours(plt, len(keys))
+    return {k: {"color": cols[i], "marker": MARKERS[methods.index(k[0]) % len(MARKERS)]}
+            for i, k in enumerate(keys)}
 
 
 def plot_accuracy_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
     plt = _pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.5), squeeze=False)
+    keys = list(dict.fromkeys((r["method"], r["setting"]) for r in rows))
+    style = _styles(plt, keys)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4.2), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for r in (r for r in rows if r["task"] == task):
-            ax.scatter(r["tokens_per_second"], r["accuracy"], s=30)
-            label = r["method"] if r["setting"] == "default" else f"{r['method']} {r['setting']}"
-            ax.annotate(label, (r["tokens_per_second"], r["accuracy"]), fontsize=7,
-                        xytext=(3, 3), textcoords="offset points")
+            ax.scatter(r["tokens_per_second"], r["accuracy"], s=45, clip_on=False, zorder=3,
+                       edgecolors="black", linewidths=0.4, **style[(r["method"], r["setting"])])
         ax.set_title(task)
         ax.set_xlabel("tokens/s")
         ax.set_ylabel("accuracy")
+        ax.set_ylim(0.0, 1.0)
+        ax.set_xlim(left=0.0)
         ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], ls="", markersize=7, markeredgecolor="black", markeredgewidth=0.4,
+                          label=m if st == "default" else f"{m} {st}", **style[(m, st)]) for m, st in keys]
+    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    return _save(plt, fig, path)
+
+
+def plot_speed_ratios(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+    bars = [r for r in rows if r.get("tokens_per_forward_x") is not None and r["method"] != "vanilla"]
+    if not bars:
+        return None
+    plt = _pyplot()
+    keys = list(dict.fromkeys((r["method"], r["setting"]) for r in rows))
+    style = _styles(plt, keys)
+    multi = len({r["task"] for r in bars}) > 1
+    labels = [(f"{r['task']} " if multi else "") + (r["method"] if r["setting"] == "default"
+                                                    else f"{r['method']} {r['setting']}") for r in bars]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.9 + 0.32 * len(bars)), sharey=True, squeeze=False)
+    for ax, field, title in zip(axes[0], ("tokens_per_forward_x", "tokens_per_second_x"),
+                                ("tokens per forward (× vanilla)", "tokens/s (× vanilla)")):
+        ys = range(len(bars))
+        ax.barh(list(ys), [r[field] or 0.0 for r in bars],
+                color=[style[(r["method"], r["setting"])]["color"] for r in bars], edgecolor="black", lw=0.4)
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlim(left=0.0)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(list(range(len(bars))), labels, fontsize=8)
+    axes[0][0].invert_yaxis()
     return _save(plt, fig, path)
 
 
@@ -52,20 +108,22 @@ def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         if b is None or r.get("tokens_per_second_x") is None:
             continue
         rest = ",".join(f"{k}={v}" for k, v in r["sweep"].items() if k != "branches")
-        lines[(r["task"], r["method"], rest)].append((int(b), r["tokens_per_second_x"]))
+        lines[(r["method"], r["task"], rest)].append((int(b), r["tokens_per_second_x"]))
     if not lines:
         return None
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for (task, method, rest), pts in lines.items():
+    style = _styles(plt, list(lines))
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for (method, task, rest), pts in lines.items():
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                label=" ".join(x for x in (task, method, rest) if x))
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=" ".join(x for x in (task, method, rest) if x),
+                **style[(method, task, rest)])
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("branches B")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("tokens/s gain over vanilla")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
     return _save(plt, fig, path)
 
 
@@ -73,8 +131,7 @@ def write_plots(rows: Sequence[dict[str, Any]], folder: str | os.PathLike) -> li
     """Write every plot that the rows support into `folder`; return the written paths."""
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
-    written = [plot_accuracy_speed(rows, d / "accuracy_vs_speed.png")]
-    gain = plot_branch_gain(rows, d / "gain_vs_branches.png")
-    if gain is not None:
-        written.append(gain)
-    return written
+    written = [plot_accuracy_speed(rows, d / "accuracy_vs_speed.png"),
+               plot_speed_ratios(rows, d / "speed_vs_vanilla.png"),
+               plot_branch_gain(rows, d / "gain_vs_branches.png")]
+    return [p for p in written if p is not None]

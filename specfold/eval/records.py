@@ -18,11 +18,13 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from specfold.errors import SpecfoldError
+
 KEY_FIELDS = ("task", "id", "method", "setting")
 Key = tuple[str, str, str, str]
 
 
-class ResumeError(ValueError):
+class ResumeError(SpecfoldError):
     """The JSONL cannot be resumed by this run (made with another model or other parameters)."""
 
 

@@ -2,9 +2,12 @@
 
 `parse_sweep("delta=0,0.05")` / `parse_sweep("branches=2..8")` -> (field, values); `expand_runs`
 turns methods, base `DecodeParams` and sweeps (a grid when several) into `Run`s, vanilla first.
-Fields that only steer drafts and verification (`DRAFT_FIELDS`) do not apply to vanilla: a sweep
-over them runs vanilla once (setting "default") as every point's reference; a sweep over any other
-field runs vanilla at every point, and each point is compared with its own vanilla (`ref_setting`).
+Fields that only steer drafts and verification (`DRAFT_FIELDS`) apply only to the methods that read
+them (`METHOD_FIELDS`: delta only to specfold, draft_depth to freedave and specfold, ...): a method
+that does not read a swept field runs once for all its values (vanilla, with none, once in all as
+every point's reference). A sweep over any other field runs every method, vanilla included, at
+every point, and each point is compared with its own vanilla (`ref_setting`). Values are parsed as
+the field's type ("delta=a" is refused, not passed on as a string).
 """
 from __future__ import annotations
 
@@ -13,10 +16,18 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from specfold.errors import ParamsError
 from specfold.eval.summary import REFERENCE
 
 # DecodeParams fields read only by draft policies and verifiers (vanilla has neither)
 DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "delta", "drafts", "backend")
+# the draft fields each built-in method reads (a method not listed: all of them)
+METHOD_FIELDS: dict[str, tuple[str, ...]] = {
+    REFERENCE: (),
+    "freedave": ("draft_depth", "eager"),
+    "spiffy": ("branches", "graph", "eager"),
+    "specfold": DRAFT_FIELDS,
+}
 
 
 @dataclass(frozen=True)
@@ -35,37 +46,57 @@ def _setting(items: Sequence[tuple[str, Any]]) -> str:
 
 
 def parse_sweep(text: str) -> tuple[str, list]:
-    """`delta=0,0.05,0.1` or `branches=2..8` (inclusive integer range) -> (field, values)."""
+    """`delta=0,0.05,0.1` or `branches=2..8` (inclusive integer range) -> (field, values), each value
+    of the field's type; ParamsError (one line) for anything else."""
     from specfold.params import DecodeParams
 
     field, sep, vals = text.partition("=")
     field = field.strip().replace("-", "_")
-    names = [f.name for f in dataclasses.fields(DecodeParams)]
+    types = {f.name: str(f.type) for f in dataclasses.fields(DecodeParams)}
     if not sep or not vals.strip():
-        raise ValueError(f"--sweep takes FIELD=V1,V2,... or FIELD=A..B, got {text!r}")
-    if field not in names or field in ("method", "chat_template"):
-        raise ValueError(f"cannot sweep {field!r}; sweepable DecodeParams fields: "
-                         f"{[n for n in names if n not in ('method', 'chat_template')]}")
+        raise ParamsError(f"--sweep takes FIELD=V1,V2,... or FIELD=A..B, got {text!r}")
+    if field not in types or field in ("method", "chat_template"):
+        raise ParamsError(f"cannot sweep {field!r}; sweepable DecodeParams fields: "
+                          f"{[n for n in types if n not in ('method', 'chat_template')]}")
     if ".." in vals:
         a, _, b = vals.partition("..")
         try:
             return field, list(range(int(a), int(b) + 1))
         except ValueError:
-            raise ValueError(f"--sweep {text!r}: A..B needs integers") from None
-    return field, [_coerce(v.strip()) for v in vals.split(",") if v.strip()]
+            raise ParamsError(f"--sweep {text!r}: A..B needs integers") from None
+    values = [_coerce(v.strip(), types[field], f"--sweep {text!r}") for v in vals.split(",") if v.strip()]
+    if not values:
+        raise ParamsError(f"--sweep {text!r}: no values")
+    return field, values
 
 
-def _coerce(v: str) -> Any:
-    for cast in (int, float):
+def _coerce(v: str, type_: str, where: str) -> Any:
+    """`v` as a value of the field type named `type_` ("float | None", "int", "bool", "str", ...)."""
+    if "None" in type_ and v.lower() == "none":
+        return None
+    if "bool" in type_:
+        if v.lower() in ("true", "false"):
+            return v.lower() == "true"
+        raise ParamsError(f"{where}: {v!r} is not true/false")
+    casts = (int, float) if "float" in type_ else (int,) if "int" in type_ else ()
+    for cast in casts:  # "0" stays 0 for a float field, so the setting reads as typed ("delta=0")
         try:
             return cast(v)
         except ValueError:
             pass
-    return {"true": True, "false": False, "none": None}.get(v.lower(), v)
+    if casts:
+        raise ParamsError(f"{where}: {v!r} is not {'a number' if float in casts else 'an integer'}")
+    return v
+
+
+def uses(method: str, field: str) -> bool:
+    """Whether `method` reads DecodeParams `field` (every non-draft field is read by every method)."""
+    return field not in DRAFT_FIELDS or field in METHOD_FIELDS.get(method, DRAFT_FIELDS)
 
 
 def expand_runs(methods: Sequence[str], base, sweeps: Sequence[tuple[str, list]] = ()) -> list[Run]:
-    """Runs in execution order: vanilla first, then the other methods, each over the sweep grid."""
+    """Runs in execution order: vanilla first, then the other methods, each over the sweep grid
+    restricted to the fields it reads (so a method runs once per distinct setting of its own)."""
     defaults = type(base)()
     points = [tuple(zip([f for f, _ in sweeps], combo)) for combo in itertools.product(*[v for _, v in sweeps])]
     methods = sorted(dict.fromkeys(methods), key=lambda m: m != REFERENCE)
@@ -73,7 +104,7 @@ def expand_runs(methods: Sequence[str], base, sweeps: Sequence[tuple[str, list]]
     for method in methods:
         for point in points:
             ref = tuple((k, v) for k, v in point if k not in DRAFT_FIELDS)
-            own = ref if method == REFERENCE else point
+            own = tuple((k, v) for k, v in point if uses(method, k))
             params = base.replace(method=method, **dict(own))
             if method == REFERENCE:  # vanilla has no drafts: normalise their fields
                 params = params.replace(**{f: getattr(defaults, f) for f in DRAFT_FIELDS})

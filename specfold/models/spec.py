@@ -173,6 +173,8 @@ def resolve_spec(config: dict, overrides: dict | None = None,
     unknown = set(overrides) - _SPEC_FIELDS
     if unknown:
         raise ConfigError(f"unknown override field(s) {sorted(unknown)}; accepted: {sorted(_SPEC_FIELDS)}")
+    for key, value in overrides.items():
+        _check_override(key, value)
     model_type = overrides.pop("model_type", None) or config.get("model_type")
     if model_type not in FAMILIES:
         raise ConfigError(f"unknown model_type {model_type!r}; supported: {supported_model_types()}")
@@ -214,6 +216,26 @@ def resolve_spec(config: dict, overrides: dict | None = None,
     spec = ModelSpec(family=fields.pop("family"), **fields)
     _validate(spec)
     return spec
+
+
+_FIELD_TYPES = {f.name: str(f.type) for f in dataclasses.fields(ModelSpec)}
+
+
+def _check_override(key: str, value: Any) -> None:
+    """ConfigError unless `value` has the type of ModelSpec field `key` (e.g. mask_token_id=abc)."""
+    t = _FIELD_TYPES[key]
+    if value is None and "None" in t:
+        return
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    ok = {"int": is_int, "float": is_int or isinstance(value, float), "bool": isinstance(value, bool),
+          "str": isinstance(value, str), "dict": isinstance(value, dict),
+          "tuple": isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                            for v in value)}
+    kind = next((k for k in ("tuple", "dict", "bool", "float", "int", "str") if t.startswith(k)), None)
+    if kind is not None and not ok[kind]:
+        want = {"tuple": "a list of integers", "dict": "a JSON object", "bool": "true or false",
+                "float": "a number", "int": "an integer", "str": "a string"}[kind]
+        raise ConfigError(f"override {key}={value!r}: expected {want}")
 
 
 def _validate(spec: ModelSpec) -> None:

@@ -491,18 +491,19 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from specfold.cli import positive_int
     p.add_argument("--out", required=True, help="output folder (checkpoint, HF export); rerun to resume")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=None,
                    help=f"training steps (deterministic length; default {DEFAULT_STEPS} unless --minutes)")
     p.add_argument("--minutes", type=float, default=None,
                    help="training length in minutes when --steps is not given")
     p.add_argument("--micro", action="store_true", help="micro config (smoke test)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=200)
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (faster on CPUs with bf16 units)")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--copies", type=int, default=2, help="noisy copies per clean sequence")
     p.add_argument("--save-minutes", type=float, default=3.0)
     p.add_argument("--export-minutes", type=float, default=10.0)

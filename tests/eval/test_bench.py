@@ -53,7 +53,7 @@ class Counting:
         return self.llm.generate(prompts, params)
 
 
-def bench(llm, data, out, methods=("vanilla", "freedave"), sweeps=(("delta", [0.05, 0.1]),), **kw):
+def bench(llm, data, out, methods=("vanilla", "freedave"), sweeps=(("draft_depth", [2, 4]),), **kw):
     return run_bench(llm, ["tiny"], list(methods), kw.pop("base", BASE), list(sweeps), str(data), N, out,
                      model_name="m", progress=False, **kw)
 
@@ -63,21 +63,22 @@ def test_cli_bench_table_jsonl_resume_and_plots(model_dir, data, tmp_path, capsy
     from specfold.cli import main
     out, plots = tmp_path / "b.jsonl", tmp_path / "plots"
     argv = ["bench", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", str(N),
-            "--methods", "vanilla,freedave", "--max-new-tokens", "8", "--sweep", "branches=2..3",
+            "--methods", "vanilla,freedave", "--max-new-tokens", "8", "--sweep", "draft_depth=2..3",
             "--out", str(out), "--plot", str(plots), "--threads", "1", "--no-progress", "--warmup", "0"]
     assert main(argv) == 0
     table = capsys.readouterr().out
     assert "| task | method | setting |" in table and "tok/s" in table
-    for setting in ("| vanilla | default |", "| freedave | branches=2 |", "| freedave | branches=3 |"):
+    for setting in ("| vanilla | default |", "| freedave | draft_depth=2 |", "| freedave | draft_depth=3 |"):
         assert setting in table
     recs = [json.loads(l) for l in out.read_text().splitlines()]
-    assert len(recs) == N * 3  # vanilla once (branches only steers drafts) + 2 sweep points
+    assert len(recs) == N * 3  # vanilla once (draft_depth only steers drafts) + 2 sweep points
     for r in recs:
         assert {"task", "id", "method", "setting", "output", "score", "nfe", "tokens", "seconds",
                 "fold_ratio", "match", "exact"} <= set(r)
         assert (r["match"] is None) == (r["method"] == "vanilla")
     assert out.with_suffix(".md").read_text().count("| freedave |") == 2
-    for name in ("accuracy_vs_speed.png", "gain_vs_branches.png"):
+    assert not (plots / "gain_vs_branches.png").exists()  # no branches sweep
+    for name in ("accuracy_vs_speed.png", "speed_vs_vanilla.png"):
         png = plots / name
         assert png.is_file() and png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
 
@@ -138,6 +139,15 @@ def test_sweeps_and_runs():
     runs = expand_runs(["specfold", "vanilla"], BASE, [("delta", [0.0, 0.1]), ("branches", [2, 4])])
     assert [(r.method, r.setting) for r in runs][:2] == [("vanilla", "default"), ("specfold", "delta=0.0,branches=2")]
     assert len(runs) == 1 + 4 and runs[-1].params.branches == 4 and runs[-1].params.delta == 0.1
+    # delta is read by specfold only: the other methods run once, each compared with the one vanilla
+    runs = expand_runs(["vanilla", "freedave", "spiffy", "specfold"], BASE, [("delta", [0, 0.1, 0.2])])
+    assert [(r.method, r.setting, r.ref_setting) for r in runs] == [
+        ("vanilla", "default", "default"), ("freedave", "default", "default"), ("spiffy", "default", "default"),
+        ("specfold", "delta=0", "default"), ("specfold", "delta=0.1", "default"), ("specfold", "delta=0.2", "default")]
+    runs = expand_runs(["freedave", "spiffy"], BASE, [("draft_depth", [2, 4]), ("branches", [3])])
+    assert [(r.method, r.setting) for r in runs] == [
+        ("freedave", "draft_depth=2"), ("freedave", "draft_depth=4"), ("spiffy", "branches=3")]
+    assert runs[0].params.draft_depth == 2 and runs[2].params.branches == 3
     runs = expand_runs(["vanilla", "freedave"], BASE, [("threshold", [0.5, 0.9])])  # applies to vanilla too
     assert [(r.method, r.setting, r.ref_setting) for r in runs] == [
         ("vanilla", "threshold=0.5", "threshold=0.5"), ("vanilla", "threshold=0.9", "threshold=0.9"),
@@ -164,7 +174,7 @@ def test_summarize_ratios_and_plots(tmp_path):
     assert s2["match"] == pytest.approx(0.875) and s2["exact"] == 0.5 and s2["fold_ratio"] == 0.5
     assert "| tiny | specfold | branches=4 | 2 | 0.500 | 0.50 |" in format_table(rows)
     paths = write_plots(rows, tmp_path / "p")
-    assert [p.name for p in paths] == ["accuracy_vs_speed.png", "gain_vs_branches.png"]
+    assert [p.name for p in paths] == ["accuracy_vs_speed.png", "speed_vs_vanilla.png", "gain_vs_branches.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
     assert token_match([], []) == (1.0, True) and token_match([1, 2], [1, 2, 3]) == (2 / 3, False)
 
@@ -242,3 +252,40 @@ def test_bench_reproduces_tiny_model_quality():
     from specfold import LLM
     if not check_quality(LLM("tiny"), json.loads(QUALITY.read_text())):
         pytest.skip("quality.json has no vanilla entry small enough (set SPECFOLD_EVAL_FULL=1)")
+
+
+def test_plots_are_readable(monkeypatch, tmp_path):
+    """13 points close together (the README command's count): named in a legend, not by overlapping text;
+    13 distinct colours; accuracy axes exactly [0, 1]; one bar per non-vanilla row."""
+    from matplotlib.colors import to_hex
+
+    from specfold.eval import plots
+    figs = {}
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: figs.setdefault(Path(path).name, fig) and
+                        real(plt, fig, path))
+    recs = [_rec("vanilla", "default", i, 4, 8, 1.0, [1, 2, 3, 4]) for i in range(2)]
+    for b in range(1, 13):
+        recs += [_rec("specfold", f"branches={b}", i, 4, 8, 1.0 + 0.01 * b, [1, 2, 3, 4], sweep={"branches": b})
+                 for i in range(2)]
+    rows = summarize(recs)
+    write_plots(rows, tmp_path)
+    acc = figs["accuracy_vs_speed.png"]
+    ax = acc.axes[0]
+    assert tuple(ax.get_ylim()) == (0.0, 1.0) and len(ax.texts) == 0
+    labels = [t.get_text() for t in acc.legends[0].get_texts()]
+    assert labels == ["vanilla"] + [f"specfold branches={b}" for b in range(1, 13)]
+    colours = {to_hex(c) for coll in ax.collections for c in coll.get_facecolor()}
+    assert len(colours) == 13
+    bars = figs["speed_vs_vanilla.png"].axes[0]
+    assert [t.get_text() for t in bars.get_yticklabels()] == labels[1:]
+    gain = figs["gain_vs_branches.png"].axes[0]
+    assert [line.get_label() for line in gain.get_lines() if not line.get_label().startswith("_")] == ["tiny specfold"]
+
+
+def test_eval_progress_bar_says_eval(model_dir, data, capsys):
+    from specfold.cli import main
+    assert main(["eval", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", "2",
+                 "--max-new-tokens", "8", "--warmup", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "eval: 100%" in err and "bench" not in err

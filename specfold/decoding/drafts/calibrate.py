@@ -29,6 +29,7 @@ from specfold.decoding.plugins import BlockContext, DraftPolicy, Step
 from specfold.decoding.rules import rank
 from specfold.errors import ParamsError
 from specfold.params import DecodeParams
+from specfold.text import read_text_lines
 
 TOPK = 4  # vocabulary ranks considered
 MAX_DEPTH = 8  # transitions followed from a root
@@ -145,7 +146,7 @@ def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branch
 
 def read_prompts(path: str | Path) -> list[str]:
     """JSON Lines with a "prompt" or "question" field per line, or plain text (one prompt per line)."""
-    lines = [ln for ln in Path(path).read_text().splitlines() if ln.strip()]
+    lines = read_text_lines(path, "--prompts")
     out = []
     for i, ln in enumerate(lines, start=1):
         if ln.lstrip().startswith("{"):
@@ -176,12 +177,12 @@ def _cmd(a: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from specfold.cli import add_decode_args, add_model_args
+    from specfold.cli import add_decode_args, add_model_args, positive_int
     ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
     add_model_args(ap)
     add_decode_args(ap)
     ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
-    ap.add_argument("--limit", type=int, default=50, help="prompts used (default 50)")
+    ap.add_argument("--limit", type=positive_int, default=50, help="prompts used (default 50)")
     ap.add_argument("--out", required=True, help="graph JSON to write")
     ap.add_argument("--selection", choices=SELECTIONS, default="degree1",
                     help="node choice: count + parent's count (Spiffy's degree-1 accumulation) or count alone")

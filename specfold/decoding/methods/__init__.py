@@ -10,6 +10,9 @@ from typing import Callable
 from specfold.errors import ParamsError
 
 _METHODS: dict[str, Callable] = {}
+MODULES = ("vanilla", "freedave", "spiffy", "specfold", "causal")  # the modules below
+# every built-in method name, for --help without importing the modules (tests check it matches the registry)
+BUILTIN = ("vanilla", "freedave", "spiffy", "specfold", "ar", "linear_spec", "linear_spec_multi", "linear_specfold")
 
 
 def register(name: str):
@@ -21,7 +24,7 @@ def register(name: str):
 
 def _load_builtin() -> None:
     import importlib
-    for mod in ("vanilla", "freedave", "spiffy", "specfold", "causal"):
+    for mod in MODULES:
         try:
             importlib.import_module(f"specfold.decoding.methods.{mod}")
         except ModuleNotFoundError as e:  # a method not built yet is simply not offered

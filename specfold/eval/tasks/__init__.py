@@ -26,7 +26,7 @@ def get_task(name: str) -> Task:
     """A fresh Task instance for `name` (case-insensitive, '-' and '_' alike)."""
     key = name.strip().lower().replace("-", "_")
     if key not in TASKS:
-        raise ValueError(f"unknown task {name!r}; supported: {', '.join(sorted(TASKS))}")
+        raise DataError(f"unknown task {name!r}; supported: {', '.join(sorted(TASKS))}")
     module, cls = TASKS[key]
     return getattr(importlib.import_module(module), cls)()
 

@@ -21,9 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from specfold.errors import SpecfoldError
 
-class DataError(ValueError):
-    """Benchmark data could not be found or read."""
+
+class DataError(SpecfoldError):
+    """Benchmark data could not be found or read (a ValueError, as every SpecfoldError)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +77,7 @@ def take(items: Iterable[Sample], limit: int | None) -> list[Sample]:
     out = list(items)
     if limit is not None:
         if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+            raise DataError(f"limit must be >= 0, got {limit}")
         out = out[:limit]
     return out
 
@@ -100,31 +102,48 @@ def find_file(task: str, data: str | None, candidates: list[str]) -> Path | None
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Records of a JSON Lines file (blank lines skipped); a bad line is reported by number."""
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{i}: not valid JSON ({e})") from e
-    return out
+    return _parse_lines(path, _read_text(path))
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """A .json array file or a .jsonl file (gzip-compressed .gz also accepted)."""
-    if path.suffix == ".gz":
-        import gzip
-
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return [json.loads(l) for l in f if l.strip()]
+    """A .json array file or a .jsonl file (gzip-compressed .gz also accepted); every record a JSON
+    object, else DataError naming the file (and line)."""
+    text = _read_text(path)
     if path.suffix == ".json":
-        with open(path, encoding="utf-8") as f:
-            recs = json.load(f)
-        if not isinstance(recs, list):
-            raise DataError(f"{path}: expected a JSON array of records")
+        try:
+            recs = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
+            raise DataError(f"{path}: expected a JSON array of records (objects)")
         return recs
-    return read_jsonl(path)
+    return _parse_lines(path, text)
+
+
+def _read_text(path: Path) -> str:
+    import gzip
+    try:
+        with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else
+              open(path, encoding="utf-8")) as f:
+            return f.read()
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text (expected JSON Lines or a JSON array)") from None
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise DataError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+
+
+def _parse_lines(path: Path, text: str) -> list[dict[str, Any]]:
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{i}: not valid JSON ({e})") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
+            out.append(rec)
+    return out
 
 
 def from_hf(task: str, loader: Callable[[Any], list[dict[str, Any]]]) -> list[dict[str, Any]]:
