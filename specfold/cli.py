@@ -5,7 +5,7 @@ Invariants:
 - `specfold --help` imports neither torch nor any optional extra: only the subcommand being run
   is registered in full (its module imported); the others are listed by name and help.
 - Every user error ends in ONE line on stderr and exit status 2 (argparse errors, SpecfoldError,
-  a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130,
+  a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130, a closed stdout pipe quietly with 141,
   keeping whatever a resumable run already wrote. Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 from specfold.params import CONFIDENCES, RULES
 
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
 
 
 class Parser(argparse.ArgumentParser):
@@ -253,6 +253,10 @@ def main(argv: list[str] | None = None) -> int:
     except SpecfoldError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # the reader went away (e.g. `| head`): stop quietly, as other CLIs do
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as e:  # a file that cannot be read or written
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)

@@ -117,13 +117,13 @@ def test_rule_dream_still_runs_on_a_bidirectional_model(checkpoint):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--method", "banana"], "error: unknown decode method 'banana'; supported: ['freedave', 'specfold', "
-                             "'spiffy', 'vanilla']"),
+    (["--method", "banana"], "error: unknown decode method 'banana'; supported: ['ar', 'freedave', "
+                             "'linear_spec', 'linear_spec_multi', 'linear_specfold', 'specfold', 'spiffy', 'vanilla']"),
     (["--max-new-tokens", "-3"], "specfold generate: error: argument --max-new-tokens: expected a positive "
                                  "integer, got -3 (see specfold generate --help)"),
     (["--max-new-tokens", "x"], "argument --max-new-tokens: expected a positive integer, got 'x'"),
     (["--threads", "0"], "argument --threads: expected a positive integer, got 0"),
-    (["--threshold", "2"], "error: threshold must be in (0, 1], got 2.0"),
+    (["--threshold", "2"], "error: threshold must be in [0, 1] (0 = unmask every candidate), got 2.0"),
     (["--branches", "0"], "error: branches must be in [1, 64], got 0"),
     (["--model", "/no/such/model"], "error: checkpoint folder '/no/such/model' does not exist"),
     (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
@@ -300,3 +300,21 @@ print("ok", len(ids["vanilla"]))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.startswith("ok ")
+
+
+# ------------------------------------------------------------------ serve and pipes
+def test_serve_port_out_of_range(capsys):
+    rc, err = run(capsys, "serve", "--model", "tiny", "--port", "99999")
+    assert rc == 2 and err == "error: --port 99999 is not a TCP port; accepted: 0-65535 (0 = any free port)"
+
+
+@needs_tiny
+def test_closed_stdout_pipe_exits_quietly():
+    """`specfold generate ... | head -c 1`: the reader leaves early; no traceback, status 141."""
+    r, w = os.pipe()
+    os.close(r)  # nobody reads: the first write fails with EPIPE
+    p = subprocess.run([sys.executable, "-m", "specfold", "generate", "--model", "tiny", "--prompt", "hi",
+                        "--max-new-tokens", "16"], stdout=w, stderr=subprocess.PIPE, env=_env(), timeout=300)
+    os.close(w)
+    assert p.returncode == 141, p.stderr.decode()
+    assert b"Traceback" not in p.stderr

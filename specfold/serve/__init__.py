@@ -39,6 +39,8 @@ def build_engine(llm, a: argparse.Namespace):
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
+    if not 0 <= a.port <= 65535:
+        raise SpecfoldError(f"--port {a.port} is not a TCP port; accepted: 0-65535 (0 = any free port)")
     _require_extra()
     import uvicorn
 
