@@ -285,3 +285,22 @@ def test_request_params_errors(checkpoint):
     with pytest.raises(ParamsError, match="unknown engine setting.*bogus"):
         LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, **FAMILIES["bc"]), bogus=1)
     assert not eng.has_unfinished()
+
+
+def test_request_fold_statistics_are_none_without_draft_positions():
+    """A request whose verifications were all root-only has no fold ratio (None, not 0.0); with drafts
+    the per-request ratios are the pooled counts, per layer and without layer 0."""
+    from specfold.decoding.verify.fold import FoldStats
+    from specfold.engine.request import Counters
+    from specfold.outputs import DecodeStats
+
+    c, st = Counters(), DecodeStats()
+    c.add_fold(FoldStats([0, 0], [0, 0], [0, 0], verifications=3, root_only=3).counts())
+    c.write(st, delta=0.1)
+    assert st.extra["fold_ratio"] is None and st.extra["fold_ratio_excl_layer0"] is None
+    assert st.extra["fold_ratio_per_layer"] == [None, None] and st.extra["fold_root_only"] == 3
+    c.add_fold(FoldStats([15, 2], [16, 16], [1, 1], verifications=1).counts())
+    c.add_fold(FoldStats([1, 2], [16, 16], [0, 1], verifications=1).counts())
+    c.write(st, delta=0.1)
+    assert st.extra["fold_ratio"] == 20 / 64 and st.extra["fold_ratio_excl_layer0"] == 4 / 32
+    assert st.extra["fold_ratio_per_layer"] == [16 / 32, 4 / 32] and st.extra["fold_verifications"] == 5

@@ -58,14 +58,9 @@ class Counters:
             ex[name] = getattr(self, name)
         ex["node_drafts"] = dict(sorted(self.node_drafts.items()))
         ex["node_hits"] = dict(sorted(self.node_hits.items()))
-        if self.fold is not None:
-            f = self.fold
-            tot = sum(f["positions"])
-            ex["fold_ratio"] = sum(f["folded"]) / tot if tot else 0.0
-            ex["fold_ratio_per_layer"] = [a / p if p else 0.0 for a, p in zip(f["folded"], f["positions"])]
-            ex["ffn_fold_ratio"] = sum(f["ffn_folded"]) / tot if tot else 0.0
-            if delta is not None:
-                ex["delta"] = delta
+        if self.fold is not None:  # ratios are None (not 0) where no draft position was verified
+            from specfold.decoding.verify.fold import FoldStats
+            ex.update(FoldStats.from_counts(self.fold).report(delta))
 
 
 class Request:

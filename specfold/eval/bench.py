@@ -105,6 +105,7 @@ def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict,
            "score": score, "correct": bool(score.get("correct")), "nfe": st.nfe, "tokens": st.tokens,
            "seconds": st.seconds, "tokens_per_forward": st.tokens_per_forward,
            "tokens_per_second": st.tokens_per_second, "fold_ratio": st.extra.get("fold_ratio"),
+           "fold_ratio_excl_layer0": st.extra.get("fold_ratio_excl_layer0"),
            "extra": {str(k): v for k, v in st.extra.items()}}
     match, exact = token_match(rec["token_ids"], ref["token_ids"]) if ref is not None else (None, None)
     rec["match"], rec["exact"] = match, exact

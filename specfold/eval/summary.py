@@ -50,6 +50,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "nfe_per_sample": nfe / len(recs), "tokens_per_forward": tokens / nfe if nfe else 0.0,
             "tokens_per_second": tokens / secs if secs > 0 else 0.0, "seconds": secs,
             "fold_ratio": _mean([r.get("fold_ratio") for r in recs]),
+            "fold_ratio_excl_layer0": _mean([r.get("fold_ratio_excl_layer0") for r in recs]),
             "match": _mean([r.get("match") for r in recs]),
             "exact": _mean([None if r.get("exact") is None else float(r["exact"]) for r in recs]),
         })
@@ -68,7 +69,7 @@ def _fmt(v: Any, spec: str = ".3f") -> str:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table; extra task metrics (IFEval's four accuracies ...) listed under it."""
     head = ["task", "method", "setting", "n", "accuracy", "(×v)", "NFE/sample", "(×v)", "tok/fwd", "(×v)",
-            "tok/s", "(×v)", "match", "exact", "fold ratio"]
+            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     extra = []
     for r in rows:
@@ -76,7 +77,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                  _fmt(r["accuracy_x"], ".2f"), _fmt(r["nfe_per_sample"], ".1f"), _fmt(r["nfe_per_sample_x"], ".2f"),
                  _fmt(r["tokens_per_forward"], ".2f"), _fmt(r["tokens_per_forward_x"], ".2f"),
                  _fmt(r["tokens_per_second"], ".1f"), _fmt(r["tokens_per_second_x"], ".2f"),
-                 _fmt(r["match"]), _fmt(r["exact"]), _fmt(r["fold_ratio"], ".2f")]
+                 _fmt(r["match"]), _fmt(r["exact"]), _fmt(r["fold_ratio"], ".2f"),
+                 _fmt(r["fold_ratio_excl_layer0"], ".2f")]
         lines.append("| " + " | ".join(cells) + " |")
         more = {k: v for k, v in r["metrics"].items() if k != "accuracy"}
         if more:
