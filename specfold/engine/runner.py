@@ -2,9 +2,11 @@
 verifier allows.
 
 With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit) goes
-into ONE `Transformer.forward_many` call. Otherwise the verify forwards go through
+into ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
 `verifier.verify_many` (or one `verifier(...)` per forward when it has none: see
-decoding/plugins.py) and the rest through one `forward_many`.
+decoding/plugins.py) and the rest through one `forward_many`. A root-only verification (one branch,
+e.g. when the adaptive draft budget is 0) joins the dense call: a verifier only changes how draft
+rows are computed (a folded verifier always recomputes the root), so its logits are the dense ones.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ class ModelRunner:
         if v is None or getattr(v, "packs_with_model", False) and type(v).verify_many is _dense_verify_many():
             return self.model.forward_many(forwards)
         out: list[ForwardResult | None] = [None] * len(forwards)
-        ver = [i for i, f in enumerate(forwards) if f.kind == "verify"]
-        rest = [i for i, f in enumerate(forwards) if f.kind != "verify"]
+        ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and f.tokens.shape[0] > 1]
+        rest = [i for i, f in enumerate(forwards) if not (f.kind == "verify" and f.tokens.shape[0] > 1)]
         for idx, res in ((rest, self.model.forward_many([forwards[i] for i in rest]) if rest else []),
                          (ver, verify_many(v, [forwards[i] for i in ver]) if ver else [])):
             for i, r in zip(idx, res):
