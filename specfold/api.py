@@ -70,7 +70,14 @@ class LLM:
             path, _dtype(dtype), device, overrides, self.tokenizer.vocab if self.tokenizer else None)
         if config is not None and engine_kw:
             raise ParamsError("pass either config=EngineConfig(...) or engine fields as keywords, not both")
-        self.engine_config = config if config is not None else EngineConfig(**engine_kw)
+        if config is None:
+            import dataclasses
+            unknown = set(engine_kw) - {f.name for f in dataclasses.fields(EngineConfig)}
+            if unknown:
+                raise ParamsError(f"unknown engine setting(s) {sorted(unknown)}; accepted: "
+                                  f"{[f.name for f in dataclasses.fields(EngineConfig)]}")
+            config = EngineConfig(**engine_kw)
+        self.engine_config = config
         self._engine: Engine | None = None
 
     # ------------------------------------------------------------------ prompts

@@ -42,10 +42,14 @@ class Counters:
         if counts is None:
             return
         if self.fold is None:
-            self.fold = {k: list(v) for k, v in counts.items()}
+            self.fold = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in counts.items()}
             return
-        for k, v in counts.items():
-            self.fold[k] = [a + b for a, b in zip(self.fold[k], v)]
+        for k, v in counts.items():  # per-layer lists add elementwise, scalar counts add
+            old = self.fold.get(k)
+            if isinstance(v, (list, tuple)):
+                self.fold[k] = list(v) if old is None else [a + b for a, b in zip(old, v)]
+            else:
+                self.fold[k] = v if old is None else old + v
 
     def write(self, stats: DecodeStats, delta: float | None = None) -> None:
         ex = stats.extra

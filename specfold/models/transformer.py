@@ -94,6 +94,54 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: torch.Tenso
     return out.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
 
 
+def attention_many(qkv: list, prefixes: list, masks: list, scale: float) -> list[torch.Tensor]:
+    """`attention` for G forwards of one window length T in one padded call: forward i has q_i
+    [B_i,H,T,D], k_i, v_i [B_i,Hkv,T,D], its own prefix (pk_i, pv_i) [Hkv,P_i,D] (or (None, None))
+    and window mask [T,T] (or None). Branches are padded to max B_i with zero queries and prefixes to
+    max P_i with keys masked out, so every result row equals `attention` on its forward alone (up to
+    float rounding). Returns [B_i, T, H*D] per forward."""
+    if len(qkv) == 1:
+        (q, k, v), (pk, pv) = qkv[0], prefixes[0]
+        return [attention(q, k, v, pk, pv, masks[0], scale)]
+    q0 = qkv[0][0]
+    _, H, T, D = q0.shape
+    hkv = qkv[0][1].shape[1]
+    g, G = H // hkv, len(qkv)
+    Bm = max(q.shape[0] for q, _, _ in qkv)
+    Pm = max(0 if pk is None else pk.shape[1] for pk, _ in prefixes)
+    Q = q0.new_zeros(G, Bm, H, T, D)
+    K, V = q0.new_zeros(G, Bm, hkv, T, D), q0.new_zeros(G, Bm, hkv, T, D)
+    M = torch.ones(G, T, T, dtype=torch.bool, device=q0.device)
+    for i, ((q, k, v), m) in enumerate(zip(qkv, masks)):
+        Q[i, : q.shape[0]], K[i, : q.shape[0]], V[i, : q.shape[0]] = q, k, v
+        if m is not None:
+            M[i] = m
+    qg = Q.view(G, Bm, hkv, g, T, D)
+    s_win = torch.matmul(qg, K.unsqueeze(3).transpose(-1, -2)) * scale  # [G,Bm,Hkv,g,T,T]
+    s_win = s_win.masked_fill(~M[:, None, None, None], float("-inf"))
+    sm_dtype = torch.float32 if q0.dtype in _LOW else q0.dtype
+    if Pm == 0:
+        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(q0.dtype)
+        out = torch.matmul(p, V.unsqueeze(3))
+    else:
+        PK, PV = q0.new_zeros(G, hkv, Pm, D), q0.new_zeros(G, hkv, Pm, D)
+        valid = torch.zeros(G, Pm, dtype=torch.bool, device=q0.device)
+        for i, (pk, pv) in enumerate(prefixes):
+            if pk is not None and pk.shape[1]:
+                PK[i, :, : pk.shape[1]], PV[i, :, : pk.shape[1]] = pk, pv
+                valid[i, : pk.shape[1]] = True
+        qp = qg.permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, D)
+        s_pre = torch.matmul(qp, PK.transpose(-1, -2)) * scale  # [G, Hkv, Bm*g*T, Pm]
+        s_pre = s_pre.masked_fill(~valid[:, None, None, :], float("-inf"))
+        s_pre = s_pre.view(G, hkv, Bm, g, T, Pm).permute(0, 2, 1, 3, 4, 5)
+        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(q0.dtype)
+        p_pre = p[..., :Pm].permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, Pm)
+        out = torch.matmul(p_pre, PV).view(G, hkv, Bm, g, T, D).permute(0, 2, 1, 3, 4, 5)
+        out = out + torch.matmul(p[..., Pm:], V.unsqueeze(3))
+    out = out.reshape(G, Bm, H, T, D).transpose(2, 3).reshape(G, Bm, T, H * D)
+    return [out[i, : q.shape[0]] for i, (q, _, _) in enumerate(qkv)]
+
+
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -194,22 +242,28 @@ class Transformer(nn.Module):
         sizes = [b * t for b, t in shapes]
         x = self.embed(torch.cat([f.tokens.reshape(-1) for f in forwards]))  # [R, d]
         d = x.shape[-1]
-        ropes = [(*self.rope.cos_sin(f.positions, x.dtype), self.rope.query_scale(f.positions, x.dtype))
-                 for f in forwards]
+        cos, sin, qscale = self._packed_rope(forwards, shapes, x.dtype)
         hidden: list[list | None] = [[] if f.return_hidden else None for f in forwards]
+        groups: dict[int, list[int]] = {}  # forwards of one window length share padded attention calls
+        for i, (_, T) in enumerate(shapes):
+            groups.setdefault(T, []).append(i)
+        groups = list(groups.values())
         for li, layer in enumerate(self.layers):
             self._keep(hidden, x, sizes, shapes)
-            h = layer.input_norm(x)
-            qs, ks, vs = (proj(h).split(sizes) for proj in (layer.q_proj, layer.k_proj, layer.v_proj))
-            outs = []
-            for i, f in enumerate(forwards):
-                B, T = shapes[i]
-                q, k, v = self.heads(layer, qs[i].view(B, T, -1), ks[i].view(B, T, -1), vs[i].view(B, T, -1),
-                                     *ropes[i])
-                pk, pv = f.cache.view(li) if f.cache is not None else (None, None)
-                outs.append(attention(q, k, v, pk, pv, f.mask, self.attn_scale).reshape(B * T, -1))
+            q, k, v = self._packed_heads(layer, x, cos, sin, qscale)  # [R, H or Hkv, D]
+            qs, ks, vs = q.split(sizes), k.split(sizes), v.split(sizes)
+            heads = [[t.view(B, T, -1, t.shape[-1]).transpose(1, 2) for t in (qs[i], ks[i], vs[i])]
+                     for i, (B, T) in enumerate(shapes)]
+            outs: list = [None] * len(forwards)
+            for group in groups:
+                res = attention_many([heads[i] for i in group],
+                                     [forwards[i].cache.view(li) if forwards[i].cache is not None else (None, None)
+                                      for i in group], [forwards[i].mask for i in group], self.attn_scale)
+                for i, o in zip(group, res):
+                    outs[i] = o.reshape(sizes[i], -1)
+            for f, (_, ki, vi) in zip(forwards, heads):
                 if f.write_cache:
-                    f.cache.write(li, k[0], v[0])
+                    f.cache.write(li, ki[0], vi[0])
             x = x + layer.o_proj(torch.cat(outs))
             x = x + layer.mlp(x)
         for f in forwards:
@@ -217,6 +271,28 @@ class Transformer(nn.Module):
                 f.cache.commit_write()
         self._keep(hidden, x, sizes, shapes)
         return self._heads_many(forwards, x, sizes, shapes, d, hidden)
+
+    def _packed_rope(self, forwards, shapes, dtype):
+        """cos, sin [R, 1, D] and the query scale [R, 1, 1] (or None) of every packed row."""
+        pos = torch.cat([f.positions.repeat(b) for f, (b, _) in zip(forwards, shapes)])
+        cos, sin = self.rope.cos_sin(pos, dtype)
+        qscale = self.rope.query_scale(pos, dtype)
+        return cos[:, None], sin[:, None], (None if qscale is None else qscale[:, None, None])
+
+    def _packed_heads(self, layer: Layer, x: torch.Tensor, cos, sin, qscale):
+        """Position-wise attention inputs of packed rows x [R, d]: q [R,H,D], k, v [R,Hkv,D] (norm,
+        projections, q/k norm, RoPE, query scale), the same arithmetic as `heads` per row."""
+        s = self.spec
+        h = layer.input_norm(x)
+        q = layer.q_proj(h).view(-1, s.num_heads, s.head_dim)
+        k = layer.k_proj(h).view(-1, s.num_kv_heads, s.head_dim)
+        v = layer.v_proj(h).view(-1, s.num_kv_heads, s.head_dim)
+        if layer.q_norm is not None:
+            q, k = layer.q_norm(q), layer.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if qscale is not None:
+            q = q * qscale
+        return q, k, v
 
     @staticmethod
     def _keep(hidden: list, x: torch.Tensor, sizes: list[int], shapes: list[tuple[int, int]]) -> None:
