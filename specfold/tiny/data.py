@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -259,6 +260,22 @@ class TrainStream:
 
     def set_state(self, state) -> None:
         self.rng.setstate(state)
+
+
+_EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+
+
+def equations(text: str) -> list[tuple[int, str, int, int]]:
+    """Every `x+y=z` / `x-y=z` written in `text`."""
+    return [(int(x), op, int(y), int(z)) for x, op, y, z in _EQUATION.findall(text)]
+
+
+def well_formed(text: str) -> bool:
+    """A worked solution: at least one equation, all of them right, and a numeric `#### n` line."""
+    eqs = equations(text)
+    fa = final_answer(text)
+    return (bool(eqs) and all((x + y if op == "+" else x - y) == z for x, op, y, z in eqs)
+            and fa is not None and fa.isdigit())
 
 
 def final_answer(text: str) -> str | None:
