@@ -7,19 +7,20 @@ continuations, the way a real LM's answer is:
 
     question: Mia has 7 shells. She finds 5 more shells. Later she sells 3 shells.
               How many shells does Mia have now?
-    answers:  Mia has 7 shells. She finds 5 more: 7+5=12. She sells 3: 12-3=9. So Mia has 9 shells now.
+    answers:  Mia has 7 shells. She finds 5 more shells: 7+5=12. She sells 3 shells: 12-3=9.
+              So Mia has 9 shells now.
               #### 9
-              At first she has 7. The net change is 5-3=2. 7+2=9.
+              At first she has 7 shells. The net change is 5-3=2. 7+2=9. She ends with 9.
               #### 9
-              Mia starts with 7. 7-3=4. After she finds 5, she has 4+5=9. She ends with 9.
+              Mia has 7 shells. 7-3=4. After she finds 5 shells, she has 4+5=9. So Mia has 9 shells now.
               #### 9
 
-Choice points of the answer (see `answer_program`): an optional, variously phrased restatement of
-the start; the strategy (the changes in story order, in reverse order, or their net change first),
-which decides the intermediate numbers; several phrasings of different lengths for every step, with
-or without the amount restated; the order of the summands of every addition; an optional closing
-sentence. Names and objects come from pools of 40 and 30 and the question has varied phrasing, so no
-name, object or number sits at a fixed template position.
+Choice points of the answer (see `answer_program`): two phrasings of the restated start; the
+strategy (the changes in story order, in reverse order, or their net change first), which decides
+the intermediate numbers; three phrasings of different lengths for every step, with or without the
+amount restated; the order of the summands of the net strategy's additions; two closing sentences.
+Names and objects come from pools of 40 and 30 and the question has varied phrasing, so no name,
+object or number sits at a fixed template position.
 
 The answer is written by `answer_program(facts, chooser)`, which asks `chooser.choose(options,
 weights)` at each choice point. A `Sampler` draws with a `random.Random`; `enumerate_answers(facts)`
@@ -157,8 +158,9 @@ def _step(c, f: dict, change, prev: int) -> tuple[str, int]:
     v = prev + n if op == "+" else prev - n
     e = f"{prev}{op}{n}={v}"
     more = " more" if op == "+" else ""
-    options = [f"{pron.capitalize()} {verb} {n}{more}: {e}.",
-               f"After {pron} {verb} {n}, {pron} has {e}.",
+    obj = f["obj"]
+    options = [f"{pron.capitalize()} {verb} {n}{more} {obj}: {e}.",
+               f"After {pron} {verb} {n} {obj}, {pron} has {e}.",
                f"{e}."]
     weights = [6, 2, 2]
     return c.choose(options, weights), v
@@ -193,7 +195,7 @@ def answer_program(f: dict, c) -> str:
     """The worked solution; every choice goes through `c.choose`."""
     name, pron, obj, a = f["name"], f["pron"], f["obj"], f["start"]
     parts = []
-    opening = c.choose([f"{name} has {a} {obj}.", f"At first {pron} has {a}.", ""], [6, 1, 3])
+    opening = c.choose([f"{name} has {a} {obj}.", f"At first {pron} has {a} {obj}."], [4, 1])
     if opening:
         parts.append(opening)
     ch = f["changes"]
@@ -212,8 +214,7 @@ def answer_program(f: dict, c) -> str:
             text, v = _step(c, f, change, v)
             parts.append(text)
     v = result(f)
-    closing = c.choose([f"So {name} has {v} {obj} now.", f"{pron.capitalize()} ends with {v}.", ""],
-                       [3, 1, 4])
+    closing = c.choose([f"So {name} has {v} {obj} now.", f"{pron.capitalize()} ends with {v}."], [4, 1])
     if closing:
         parts.append(closing)
     return " ".join(parts) + f"\n#### {v}"
