@@ -1,6 +1,6 @@
 """The Bayes-optimal denoiser of the tiny task, to design the task and to read a trained model's curve.
 
-For one problem, `specfold.tiny.data.enumerate_answers` lists every answer the generator can write,
+For one problem, `specfold.tiny.choices.enumerate_answers` lists every answer the generator can write,
 with its probability. Tokenised (answer + `<|im_end|>`, then `<|endoftext|>` padding), they give the
 exact posterior a perfect model would have: at a masked position, the marginal of the answers that
 agree with every token decoded so far. `oracle_decode` runs block decoding (blocks of N aligned to
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from specfold.tiny import choices as C
 from specfold.tiny import data as D
 
 
 def answer_matrix(facts: dict, encode, im_end: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
     """(tokens [K, L] of every answer + stop, padded; probabilities [K])."""
-    answers = D.enumerate_answers(facts)
+    answers = C.enumerate_answers(facts)
     seqs = [encode(t) + [im_end] for t in answers]
     L = max(len(s) for s in seqs)
     S = np.full((len(seqs), L + 32), pad, dtype=np.int64)
@@ -89,7 +90,7 @@ def curve(problems: list[dict], tok, rules: dict[str, dict], N: int = 16, sub: i
     for p in problems:
         S, w = answer_matrix(p["facts"], tok.encode, im_end, pad)
         plen = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": p["question"]}])))
-        truth = str(D.result(p["facts"]))
+        truth = str(C.result(p["facts"]))
         for name, r in rules.items():
             o = oracle_decode(S, w, plen, r["rule"], r.get("threshold", 0.9), N, sub, stops)
             acc = res[name]

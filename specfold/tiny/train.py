@@ -28,6 +28,7 @@ import torch
 from specfold.models.spec import resolve_spec
 from specfold.models.tokenizer import Tokenizer
 from specfold.models.transformer import Transformer
+from specfold.tiny import choices as C
 from specfold.tiny import data as D
 from specfold.tiny import tokenizer as T
 from specfold.tiny.export import BLOCK_SIZE, SIZES, SUB_BLOCK_SIZE, export, model_config  # noqa: F401
@@ -39,6 +40,9 @@ PACKAGE_MODEL_DIR = Path(__file__).resolve().parent / "model"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "heldout.jsonl")
 DEFAULT_STEPS = 2700  # the shipped model's length
+# task name -> problem maker: "arith" (specfold.tiny.data, the shipped model's) or "choices"
+# (specfold.tiny.choices: worked solutions with choice points, see README.md)
+TASKS = {"arith": D.make_problem, "choices": C.make_problem}
 
 
 # -------------------------------------------------------------------------------------- training
@@ -53,13 +57,13 @@ def _log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, flush=True)
 
 
-def _tokenizer(tok_dir: Path, seed: int, exclude: set[str], n: int) -> Path:
+def _tokenizer(tok_dir: Path, seed: int, exclude: set[str], n: int, make: D.Maker) -> Path:
     """Train (once) the BPE tokenizer on `n` seeded training problems (never held-out ones)."""
     if not (tok_dir / "tokenizer.json").is_file():
         tok_rng = random.Random(f"tokenizer-{seed}")
         sample = []
         while len(sample) < n:
-            p = D.make_problem(tok_rng)
+            p = make(tok_rng)
             if p["question"] not in exclude:
                 sample.append(p)
         T.save_tokenizer(T.train_tokenizer(T.corpus(sample)), tok_dir)
@@ -87,16 +91,16 @@ def train_tiny(out: str, seed: int = 0, minutes: float | None = None, steps: int
                micro: bool = False, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                autocast: bool | None = None, threads: int = 1, save_minutes: float = 3.0,
                export_minutes: float = 10.0, eval_minutes: float = 10.0, eval_problems: int = 40,
-               ship: bool = False, log_every: int = 20, copies: int = 2) -> dict:
+               ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "arith") -> dict:
     """Train (or resume) the tiny model into `out`; returns the last metrics (see `_train_tiny`)."""
     with fused_attention():
         return _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
                            save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every,
-                           copies)
+                           copies, task)
 
 
 def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
-                save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every, copies):
+                save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every, copies, task):
     """Train (or resume) the tiny model into `out`; returns a summary dict of the last metrics.
 
     Length: `steps` (deterministic) or, without it, `minutes` (the step count is then fixed from the
@@ -109,11 +113,14 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
     if autocast is None:
         autocast = False
     # --- data and tokenizer (deterministic from the seed)
-    held = D.heldout(seed, 40 if micro else D.HELDOUT_SIZE)
+    if task not in TASKS:
+        raise ValueError(f"unknown tiny task {task!r}; accepted: {', '.join(TASKS)}")
+    make = TASKS[task]
+    held = D.heldout(seed, 40 if micro else D.HELDOUT_SIZE, make)
     held_path = outp / "heldout.jsonl"
     D.save_jsonl(held, held_path)
     exclude = {p["question"] for p in held}
-    tok_dir = _tokenizer(outp / "tokenizer", seed, exclude, 2000 if micro else 20000)
+    tok_dir = _tokenizer(outp / "tokenizer", seed, exclude, 2000 if micro else 20000, make)
     tok = Tokenizer.load(tok_dir)
     enc = Encoder(tok)
     stop_ids = [enc.im_end, enc.pad]
@@ -123,7 +130,7 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
     model = Transformer(spec)
     init_weights(model)
     opt = _optimizer(model, lr)
-    stream = D.TrainStream(seed, exclude)
+    stream = D.TrainStream(seed, exclude, make)
     gen = torch.Generator().manual_seed(seed)
     step, total, tokens_seen, elapsed = 0, steps, 0, 0.0
     ckpt = outp / "ckpt.pt"
@@ -133,6 +140,8 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
         opt.load_state_dict(st["opt"])
         stream.set_state(st["data_state"])
         gen.set_state(st["gen_state"])
+        if st.get("task", task) != task:
+            raise ValueError(f"{ckpt} was trained on task {st['task']!r}, not {task!r}: pass --task {st['task']}")
         step, total, tokens_seen, elapsed = st["step"], st["total"], st["tokens"], st["elapsed"]
         if steps is not None:  # an explicit length wins over the stored one (extend a finished run)
             total = steps
@@ -151,7 +160,7 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "total": total, "tokens": tokens_seen, "elapsed": elapsed,
                     "data_state": stream.state(), "gen_state": gen.get_state(),
-                    "torch_rng": torch.get_rng_state(), "config": config}, tmp)
+                    "torch_rng": torch.get_rng_state(), "config": config, "task": task}, tmp)
         os.replace(tmp, ckpt)
 
     def do_export():
@@ -255,6 +264,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (faster on CPUs with bf16 units)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--copies", type=int, default=2, help="noisy copies per clean sequence")
+    p.add_argument("--task", choices=list(TASKS), default="arith",
+                   help="arith: the shipped model's task; choices: worked solutions with choice points")
     p.add_argument("--save-minutes", type=float, default=3.0)
     p.add_argument("--export-minutes", type=float, default=10.0)
     p.add_argument("--eval-minutes", type=float, default=10.0)
@@ -268,7 +279,7 @@ def run_args(a: argparse.Namespace) -> int:
     train_tiny(a.out, a.seed, minutes=a.minutes, steps=a.steps, micro=a.micro,
                batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, autocast=a.bf16, threads=a.threads, copies=a.copies,
                save_minutes=a.save_minutes, export_minutes=a.export_minutes,
-               eval_minutes=a.eval_minutes, eval_problems=a.eval_problems, ship=a.ship)
+               eval_minutes=a.eval_minutes, eval_problems=a.eval_problems, ship=a.ship, task=a.task)
     return 0
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from specfold.models.tokenizer import Tokenizer
-from specfold.tiny import data as D
+from specfold.tiny import choices as C
+
 from specfold.tiny import oracle as O
 from specfold.tiny import tokenizer as T
 
@@ -14,7 +15,7 @@ from specfold.tiny import tokenizer as T
 def tok(tmp_path_factory):
     rng = random.Random(0)
     path = tmp_path_factory.mktemp("tok")
-    T.save_tokenizer(T.train_tokenizer(T.corpus([D.make_problem(rng) for _ in range(2000)])), path)
+    T.save_tokenizer(T.train_tokenizer(T.corpus([C.make_problem(rng) for _ in range(2000)])), path)
     return Tokenizer.load(path)
 
 
@@ -35,13 +36,13 @@ def test_parallel_unmasking_of_individually_likely_tokens_can_break():
 def test_oracle_static_decodes_a_generator_answer(tok):
     """With static decoding the oracle always writes one of the generator's answers (right), and a
     threshold rule unmasks more than one token per forward."""
-    held = D.heldout(0, 8)
+    held = C.heldout(0, 8)
     im_end, pad = tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")
     for p in held:
         S, w = O.answer_matrix(p["facts"], tok.encode, im_end, pad)
         plen = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": p["question"]}])))
         o = O.oracle_decode(S, w, plen, "static", stops=frozenset({im_end, pad}))
-        assert not o["broken"] and tok.decode(o["tokens"]) in D.enumerate_answers(p["facts"])
+        assert not o["broken"] and tok.decode(o["tokens"]) in C.enumerate_answers(p["facts"])
     res = O.curve(held, tok, {"static": {"rule": "static"},
                               "t9": {"rule": "threshold", "threshold": 0.9}})
     assert res["static"]["accuracy"] == 1.0 and res["static"]["tokens_per_forward"] <= 1.0
