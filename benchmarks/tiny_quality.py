@@ -1,9 +1,11 @@
 """Held-out quality of the embedded tiny model: accuracy and tokens per forward, per decode rule.
 
 Runs vanilla greedy decoding over the model's own held-out problems (`heldout.jsonl`, saved with the
-checkpoint and never seen in training) with static one-token-per-step and with the model's default
-threshold 0.9 inside sub-blocks, and prints final-answer accuracy, worked-solution format rate, NFE,
-tokens per forward and tokens/s.
+checkpoint and never seen in training) with static one-token-per-step, the whole-block threshold rule
+at 0.5 / 0.7 / 0.9 / 0.95 and the model's native threshold 0.9 inside sub-blocks, and prints
+final-answer accuracy, worked-solution format rate (`specfold.tiny.data.well_formed`: every equation
+right, a `####` line), NFE, tokens per forward and tokens/s. `--oracle` adds the same curve for the
+Bayes-optimal denoiser of the task (`specfold.tiny.oracle`), the limit a perfect model reaches.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tiny_quality.py --threads 1            # all 500
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tiny_quality.py --model /work/tiny_run --limit 200
@@ -12,20 +14,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
 import torch
 
 from specfold import LLM, DecodeParams
-from specfold.tiny.data import final_answer, load_jsonl
+from specfold.eval.numeric import extract_number, numbers_equal
+from specfold.tiny.data import load_jsonl, well_formed
 
 RULES = {
     "static k=1": dict(rule="static", tokens_per_step=1),
+    "threshold 0.5": dict(rule="threshold", threshold=0.5),
+    "threshold 0.7": dict(rule="threshold", threshold=0.7),
+    "threshold 0.9": dict(rule="threshold", threshold=0.9),
+    "threshold 0.95": dict(rule="threshold", threshold=0.95),
     "sub_block threshold 0.9": dict(rule="sub_block", threshold=0.9),
 }
-_FORMAT = re.compile(r"^.+: \d+[+-]\d+=\d+\. .+: \d+[+-]\d+=\d+\.\n#### \d+$")
+# quality.json key of each rule (`vanilla_<rule>[_<threshold>]`, read by tests/eval/test_bench.py)
+KEYS = {"static k=1": "vanilla_static", "sub_block threshold 0.9": "vanilla_sub_block"}
+
+
+def _correct(text: str, problem: dict) -> bool:
+    """The tiny task's score (`specfold bench --tasks tiny`): the final number equals the reference's."""
+    return numbers_equal(extract_number(text), extract_number(problem["answer"]))
 
 
 def main() -> None:
@@ -40,6 +52,7 @@ def main() -> None:
                     help="also write the quality record that `specfold bench` is tested against "
                          "(specfold/tiny/model/quality.json)")
     ap.add_argument("--show", type=int, default=0, help="print this many wrong answers per rule")
+    ap.add_argument("--oracle", action="store_true", help="also print the Bayes-optimal oracle's curve")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     llm = LLM(a.model, dtype="float32", device="cpu")
@@ -62,9 +75,9 @@ def main() -> None:
         ok = fmt = nfe = den = toks = 0
         wrong = []
         for p, o in zip(problems, outs):
-            good = final_answer(o.text) == final_answer(p["answer"])
+            good = _correct(o.text, p)
             ok += good
-            fmt += bool(_FORMAT.match(o.text.strip()))
+            fmt += well_formed(o.text)
             nfe += o.stats.nfe
             den += o.stats.verify_forwards
             toks += o.stats.tokens
@@ -75,15 +88,23 @@ def main() -> None:
                  tokens_per_denoising_forward=toks / max(den, 1), tokens_per_second=toks / secs,
                  seconds=secs)
         results["rules"][name] = r
-        quality[f"vanilla_{RULES[name]['rule']}"] = dict(
+        key = KEYS.get(name, f"vanilla_{RULES[name]['rule']}_{RULES[name].get('threshold')}")
+        quality[key] = dict(
             RULES[name], accuracy=r["accuracy"], n=len(problems), max_new_tokens=a.max_new_tokens,
             tokens_per_forward=r["tokens_per_forward"],
-            correct=[final_answer(o.text) == final_answer(p["answer"]) for p, o in zip(problems, outs)])
+            correct=[_correct(o.text, p) for p, o in zip(problems, outs)])
         print(f"{name:<26}{r['accuracy']:>9.3f}{r['format_rate']:>8.3f}{nfe:>8}{den:>9}"
               f"{r['tokens_per_forward']:>9.2f}{r['tokens_per_denoising_forward']:>12.2f}"
               f"{r['tokens_per_second']:>8.1f}", flush=True)
         for p, text in wrong[: a.show]:
             print(f"  Q: {p['question']}\n  expected: {p['answer']!r}\n  got:      {text!r}")
+    if a.oracle and all("facts" in p for p in problems):
+        from specfold.tiny.oracle import curve
+        res = curve(problems, llm.tokenizer, {n: RULES[n] for n in a.rules})
+        results["oracle"] = res
+        for name, r in res.items():
+            print(f"oracle {name:<19}{r['accuracy']:>9.3f}  broken {r['broken']:.3f}"
+                  f"  tok/fwd {r['tokens_per_forward']:.2f}", flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2) + "\n")
     if a.quality:

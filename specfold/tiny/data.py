@@ -11,6 +11,9 @@ intermediate computation explicitly and ends with a `#### <answer>` line, e.g.
 Difficulty (see README.md): exactly two steps, each `+` or `-`, operands 1..10, every intermediate
 and final result kept in 0..30 (never negative).
 
+The streams are shared with the `choices` task (specfold.tiny.choices): `heldout` and `TrainStream`
+take the task's `make_problem` (default: this module's).
+
 Invariants:
 - `heldout(seed)` is a pure function of the seed; `train_stream(seed, exclude)` never yields a question
   whose text is in `exclude` (the held-out set is disjoint from training by question text);
@@ -20,8 +23,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 NAMES = [("Tom", "he"), ("Anna", "she"), ("Ben", "he"), ("Mia", "she"), ("Sam", "he"),
          ("Lily", "she"), ("Max", "he"), ("Emma", "she"), ("Leo", "he"), ("Zoe", "she"),
@@ -63,13 +67,17 @@ def make_problem(rng: random.Random) -> dict:
     return {"question": " ".join(q_parts), "answer": " ".join(a_parts) + f"\n#### {vals[-1]}"}
 
 
-def heldout(seed: int, n: int = HELDOUT_SIZE) -> list[dict]:
+Maker = Callable[[random.Random], dict]
+
+
+def heldout(seed: int, n: int = HELDOUT_SIZE, make: Maker | None = None) -> list[dict]:
     """`n` distinct problems (by question text) drawn from a stream separate from training's."""
+    make = make or make_problem
     rng = random.Random(f"heldout-{seed}")
     seen: set[str] = set()
     out = []
     while len(out) < n:
-        p = make_problem(rng)
+        p = make(rng)
         if p["question"] not in seen:
             seen.add(p["question"])
             out.append(p)
@@ -79,16 +87,17 @@ def heldout(seed: int, n: int = HELDOUT_SIZE) -> list[dict]:
 class TrainStream:
     """Infinite seeded stream of training problems, skipping held-out questions; resumable."""
 
-    def __init__(self, seed: int, exclude: set[str]):
+    def __init__(self, seed: int, exclude: set[str], make: Maker | None = None):
         self.rng = random.Random(f"train-{seed}")
         self.exclude = exclude
+        self.make = make or make_problem
 
     def __iter__(self) -> Iterator[dict]:
         return self
 
     def __next__(self) -> dict:
         while True:
-            p = make_problem(self.rng)
+            p = self.make(self.rng)
             if p["question"] not in self.exclude:
                 return p
 
@@ -97,6 +106,22 @@ class TrainStream:
 
     def set_state(self, state) -> None:
         self.rng.setstate(state)
+
+
+_EQUATION = re.compile(r"(\d+)([+-])(\d+)=(\d+)")
+
+
+def equations(text: str) -> list[tuple[int, str, int, int]]:
+    """Every `x+y=z` / `x-y=z` written in `text`."""
+    return [(int(x), op, int(y), int(z)) for x, op, y, z in _EQUATION.findall(text)]
+
+
+def well_formed(text: str) -> bool:
+    """A worked solution: at least one equation, all of them right, and a numeric `#### n` line."""
+    eqs = equations(text)
+    fa = final_answer(text)
+    return (bool(eqs) and all((x + y if op == "+" else x - y) == z for x, op, y, z in eqs)
+            and fa is not None and fa.isdigit())
 
 
 def final_answer(text: str) -> str | None:

@@ -48,3 +48,19 @@ def test_micro_training_run(tmp_path):
     # rerunning with more steps resumes from the checkpoint instead of starting over
     res2 = train_tiny(str(out), steps=18, **kw)
     assert res2["step"] == 18 and len(res2["first_losses"]) == 3
+
+
+def test_micro_training_run_choices_task(tmp_path):
+    """The `choices` task trains through the same command (`--task choices`): loss goes down, its
+    held-out set is the task's, and resuming with another task is refused."""
+    import pytest
+
+    from specfold.tiny import choices as C
+    out = tmp_path / "run"
+    kw = dict(seed=0, micro=True, batch_size=8, lr=1e-2, warmup=2, eval_problems=2, log_every=5)
+    res = train_tiny(str(out), steps=15, task="choices", **kw)
+    assert res["step"] == 15 and res["loss"] < res["first_losses"][0] - 0.5
+    held = D.load_jsonl(out / "heldout.jsonl")
+    assert held == C.heldout(0, len(held)) and "facts" in held[0]
+    with pytest.raises(ValueError, match="task 'choices'"):
+        train_tiny(str(out), steps=18, task="arith", **kw)

@@ -21,7 +21,7 @@ def test_llm_tiny_decodes_heldout_static_deterministic():
     llm = LLM("tiny", dtype="float32")
     assert Path(llm.path).resolve() == Path(str(tiny_path())).resolve()
     held = D.load_jsonl(Path(llm.path) / "heldout.jsonl")[:5]
-    params = DecodeParams(chat_template=True, rule="static", tokens_per_step=1, max_new_tokens=64)
+    params = DecodeParams(chat_template=True, rule="static", tokens_per_step=1, max_new_tokens=96)
     outs = llm.generate([p["question"] for p in held], params)
     again = llm.generate([held[0]["question"]], params)
     assert again[0].token_ids == outs[0].token_ids
