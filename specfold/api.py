@@ -32,7 +32,7 @@ from specfold.models.loader import load_model
 from specfold.models.tokenizer import Tokenizer
 from specfold.outputs import RequestOutput
 from specfold.params import DecodeParams, EngineConfig, SamplingParams
-from specfold.text import check_text
+from specfold.text import check_prompt_ids, check_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
@@ -118,16 +118,7 @@ class LLM:
                 raise ParamsError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
             if params.chat_template and self.tokenizer is not None:
                 raise ParamsError("chat_template=True needs string prompts (token-id prompts are taken as is)")
-        if not ids:
-            raise ParamsError("prompt encodes to no tokens")
-        bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
-        if bad:
-            raise ParamsError(f"prompt token ids outside the vocabulary [0, {self.spec.vocab_size}): {bad[:5]}")
-        ctx = self.spec.max_position_embeddings
-        if len(ids) + params.max_new_tokens > ctx:
-            raise ParamsError(f"prompt of {len(ids)} tokens + max_new_tokens={params.max_new_tokens} exceeds the "
-                              f"model's context of {ctx} positions; shorten the prompt or lower max_new_tokens")
-        return ids
+        return check_prompt_ids(ids, self.spec.vocab_size, self.spec.max_position_embeddings, params.max_new_tokens)
 
     # ------------------------------------------------------------------ generate
     def decoder(self, params: DecodeParams) -> Decoder:

@@ -41,3 +41,17 @@ def read_text_lines(path: str | Path, what: str) -> list[str]:
         if line.strip():
             lines.append(check_text(line, f"{what} {str(path)!r} line {n}"))
     return lines
+
+
+def check_prompt_ids(ids: list[int], vocab_size: int, context: int, max_new_tokens: int) -> list[int]:
+    """`ids` unchanged, or ParamsError: empty, an id outside [0, vocab_size), or prompt + max_new_tokens
+    beyond the model's context (nothing is truncated)."""
+    if not ids:
+        raise ParamsError("prompt encodes to no tokens")
+    bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab_size)]
+    if bad:
+        raise ParamsError(f"prompt token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+    if len(ids) + max_new_tokens > context:
+        raise ParamsError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                          f"model's context of {context} positions; shorten the prompt or lower max_new_tokens")
+    return ids

@@ -37,6 +37,7 @@ from specfold.engine.text import advance_text
 from specfold.errors import EngineFull, ParamsError
 from specfold.outputs import RequestOutput
 from specfold.params import EngineConfig, SamplingParams
+from specfold.text import check_prompt_ids
 
 
 @dataclass(slots=True)
@@ -76,16 +77,7 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> EngineConfig:
-        if not prompt_ids:
-            raise ParamsError("prompt encodes to no tokens")
-        V = self.spec.vocab_size
-        bad = [t for t in prompt_ids if not (isinstance(t, int) and 0 <= t < V)]
-        if bad:
-            raise ParamsError(f"prompt token ids outside the vocabulary [0, {V}): {bad[:5]}")
-        ctx = self.spec.max_position_embeddings
-        if len(prompt_ids) + params.max_new_tokens > ctx:
-            raise ParamsError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={params.max_new_tokens} exceeds "
-                              f"the model's context of {ctx} positions; shorten the prompt or lower max_new_tokens")
+        check_prompt_ids(prompt_ids, self.spec.vocab_size, self.spec.max_position_embeddings, params.max_new_tokens)
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         return self.config.for_request(self.spec, params.max_new_tokens)

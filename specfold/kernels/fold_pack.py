@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from specfold.kernels.fold_torch import (
-    GATE_EPS, LayerFoldStats, LayerWeights, apply_rope, check_par, dense_attention, rms_norm,
+    GATE_EPS, LayerFoldStats, LayerWeights, check_par, dense_attention, fused_qkv_rope,
+    rms_norm,
 )
 
 
@@ -140,21 +141,7 @@ def _nonzero(mask: Tensor, count: int) -> Tensor:
 
 def _qkv_all(X: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Norm + fused q/k/v + RoPE on every row of X [T, d] (the dense path)."""
-    x = rms_norm(X, w.input_norm_w, w.eps)
-    wqkv, bqkv = w.fused_qkv()
-    y = x @ wqkv.t()
-    if bqkv is not None:
-        y = y + bqkv
-    D = w.head_dim
-    nq, nk = w.num_heads * D, w.num_kv_heads * D
-    q = y[:, :nq].view(-1, w.num_heads, D)
-    k = y[:, nq: nq + nk].view(-1, w.num_kv_heads, D)
-    v = y[:, nq + nk:].view(-1, w.num_kv_heads, D)
-    if w.q_norm_w is not None:
-        q = rms_norm(q, w.q_norm_w, w.eps)
-    if w.k_norm_w is not None:
-        k = rms_norm(k, w.k_norm_w, w.eps)
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    return fused_qkv_rope(rms_norm(X, w.input_norm_w, w.eps), w, cos, sin)
 
 
 def _ffn_all(X: Tensor, w: LayerWeights) -> Tensor:

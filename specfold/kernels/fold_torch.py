@@ -265,18 +265,10 @@ def resolve_sources(recompute_mask: Tensor, par: Tensor, anc: Tensor | None = No
     return anc.gather(1, rec.to(torch.uint8).argmax(1))                       # first True on the chain
 
 
-def packed_norm_qkv_rope(
-    H: Tensor, rows: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """H [B1, N, d], rows [R], cos/sin [N, D] -> q [R, Hq, D], k [R, Hkv, D], v [R, Hkv, D].
-
-    q = RoPE(q_norm?(x Wq^T + bq)), k likewise, v = x Wv^T + bv, x = RMSNorm(H[rows]) * input_norm_w.
-    One GEMM with the fused [wq; wk; wv] (``LayerWeights.fused_qkv``).
-    """
-    N, D = H.shape[1], w.head_dim
-    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.input_norm_w, w.eps)     # [R, d]
-    pos = rows % N
-    c, s = cos[pos], sin[pos]                                                  # [R, D]
+def fused_qkv_rope(x: Tensor, w: LayerWeights, c: Tensor, s: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """x [R, d] (already RMS-normed rows), c/s [R, D] -> q [R, Hq, D], k, v [R, Hkv, D]: one GEMM with
+    the fused [wq; wk; wv], optional per-head q/k norm, RoPE on q and k."""
+    D = w.head_dim
     wqkv, bqkv = w.fused_qkv()
     y = x @ wqkv.t()
     if bqkv is not None:
@@ -290,6 +282,21 @@ def packed_norm_qkv_rope(
     if w.k_norm_w is not None:
         k = rms_norm(k, w.k_norm_w, w.eps)
     return apply_rope(q, c, s), apply_rope(k, c, s), v
+
+
+def packed_norm_qkv_rope(
+    H: Tensor, rows: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """H [B1, N, d], rows [R], cos/sin [N, D] -> q [R, Hq, D], k [R, Hkv, D], v [R, Hkv, D].
+
+    q = RoPE(q_norm?(x Wq^T + bq)), k likewise, v = x Wv^T + bv, x = RMSNorm(H[rows]) * input_norm_w.
+    One GEMM with the fused [wq; wk; wv] (``LayerWeights.fused_qkv``).
+    """
+    N = H.shape[1]
+    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.input_norm_w, w.eps)     # [R, d]
+    pos = rows % N
+    c, s = cos[pos], sin[pos]                                                  # [R, D]
+    return fused_qkv_rope(x, w, c, s)
 
 
 def _by_kv_head(x: Tensor) -> Tensor:
