@@ -318,3 +318,15 @@ def test_closed_stdout_pipe_exits_quietly():
     os.close(w)
     assert p.returncode == 141, p.stderr.decode()
     assert b"Traceback" not in p.stderr
+
+
+def test_extras_table_names_every_package_of_each_extra():
+    """specfold.extras.EXTRAS (what the one-line hints check) lists each extra's packages from pyproject."""
+    import re
+
+    from specfold.extras import EXTRAS
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for name, mods in EXTRAS.items():
+        pkgs = {re.split(r"[<>=!~\[ ]", req)[0].lower().replace("-", "_") for req in extras[name]}
+        assert pkgs == set(mods), (name, pkgs, mods)

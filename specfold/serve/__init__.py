@@ -13,21 +13,13 @@ from __future__ import annotations
 import argparse
 
 from specfold.errors import SpecfoldError
+from specfold.extras import require
 
 
 def create_app(*args, **kw):
     """`specfold.serve.app.create_app` (imports FastAPI)."""
     from specfold.serve.app import create_app as make
     return make(*args, **kw)
-
-
-def _require_extra() -> None:
-    for name in ("fastapi", "uvicorn"):
-        try:
-            __import__(name)
-        except ModuleNotFoundError:
-            raise SpecfoldError(f"`specfold serve` needs the optional package {name!r}; install it with "
-                                f"pip install 'specfold[serve]'") from None
 
 
 def build_engine(llm, a: argparse.Namespace):
@@ -41,7 +33,7 @@ def build_engine(llm, a: argparse.Namespace):
 def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise SpecfoldError(f"--port {a.port} is not a TCP port; accepted: 0-65535 (0 = any free port)")
-    _require_extra()
+    require("serve", "specfold serve")  # also when cmd_serve is called without the CLI's check
     import uvicorn
 
     from specfold.cli import llm_from_args
