@@ -4,7 +4,8 @@
 tests returned. Containment (backend `bwrap`, the default; probed once, see `backend()`):
 - bubblewrap: new user namespace with an unprivileged uid/gid (65534) inside, new mount
   namespace in which the whole filesystem is a read-only bind of `/` except a private,
-  size-capped tmpfs `/tmp` (the program's cwd is `/tmp/work`) and a minimal `/dev`; `/proc` and
+  size-capped tmpfs `/tmp` (the program's cwd is `/tmp/work`; the interpreter's own folders are
+  bound back read-only when they lie under /tmp) and a minimal `/dev`; `/proc` and
   `/sys` are empty; `_ctypes` and CPython's test extensions are hidden; new network (no interfaces), PID, IPC and UTS namespaces; no further user
   namespaces; its own session; killed when this process dies (`--die-with-parent`);
 - a seccomp filter (`seccomp.py`): no new processes (fork/vfork/clone without CLONE_THREAD),
@@ -112,15 +113,26 @@ def _masked_modules() -> tuple[str, ...]:
     return tuple(out)
 
 
+def _runtime_under_tmp() -> tuple[str, ...]:
+    """The folders the child needs to start (the interpreter's prefixes, `sandbox_child.py`'s folder)
+    that lie under /tmp, outermost only: the private tmpfs would hide them (e.g. a checkout and its
+    venv cloned into /tmp), so they are bound back read-only on top of it."""
+    need = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                          os.path.dirname(sys.executable), str(CHILD.parent))}
+    under = sorted(p for p in need if p.startswith("/tmp/"))
+    return tuple(p for p in under if not any(p != q and p.startswith(q + "/") for q in under))
+
+
 def _bwrap_args(top: Path, tmp_mb: int) -> list[str]:
     masks = [a for path in _masked_modules() for a in ("--ro-bind", "/dev/null", path)]
+    runtime = [a for path in _runtime_under_tmp() for a in ("--ro-bind", path, path)]
     return ["bwrap", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session",
             "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/proc", "--tmpfs", "/sys",
             "--size", str(tmp_mb << 20), "--tmpfs", "/tmp", "--dir", "/tmp/work",
             "--ro-bind", str(top), INSIDE_TOP, "--chdir", "/tmp/work",
-            "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", *masks]
+            *runtime, "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", *masks]
 
 
 def _probe_bwrap() -> str | None:

@@ -128,3 +128,27 @@ def test_does_not_run_in_this_process():
     marker = f"specfold_marker_{os.getpid()}"
     assert run(f"import os\nassert os.getpid() != {os.getpid()}\nglobals()[{marker!r}] = 1").passed
     assert marker not in globals()
+
+
+def test_runs_from_an_interpreter_and_checkout_under_tmp(tmp_path):
+    """A checkout and its venv under /tmp (e.g. a CI clone there) are hidden by the sandbox's private
+    /tmp unless bound back: the sandbox must still run, pass right code and fail wrong code."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not str(tmp_path).startswith("/tmp/"):
+        pytest.skip("pytest's tmp_path is not under /tmp here")
+    root = Path(__file__).resolve().parents[2]
+    tree = tmp_path / "checkout"
+    shutil.copytree(root / "specfold", tree / "specfold",
+                    ignore=shutil.ignore_patterns("__pycache__", "model", "graphs"))
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    script = ("from specfold.eval.sandbox import run_program\n"
+              "print(run_program('assert 1 + 1 == 2').status, run_program('assert 1 + 1 == 3').status)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(tree)}
+    r = subprocess.run([str(tmp_path / "venv" / "bin" / "python"), "-c", script], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["passed", "failed"]
