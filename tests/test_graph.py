@@ -131,3 +131,41 @@ def test_selection_by_count_alone():
     assert deg1 == [Node(0, a), Node(1, a), Node(1, b)]  # (a, b): 2 + 90 beats (a, a, a): 20 + 60
     cnt, _ = select(counts, 100, 3, "count")
     assert cnt == [Node(0, a), Node(1, a), Node(0, b)]
+
+
+def test_realize_crosses_into_the_look_ahead_region():
+    """A node may complete the parent's region (the sub-block) and go on in the region the rule reads
+    next (`Step.ahead`), ranked by its own confidences; the fill order puts the region first."""
+    import torch
+
+    from specfold.decoding.drafts.graph import fill_order
+    from specfold.decoding.loop import BlockContext, Step
+    from specfold.decoding.rules import Scored
+    M = 9
+    parent_state = torch.tensor([M, M, M, M, M, M, M, M])
+    root = torch.tensor([1, 2, 3, M, M, M, M, M])  # the parent step unmasked 0..2; position 3 is left
+    sc = Scored(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 4]),
+                torch.tensor([0.9, 0.95, 0.97, 0.5], dtype=torch.float64), torch.tensor([[1, 0], [2, 0], [3, 0], [4, 8]]))
+    ahead = Scored(torch.tensor([4, 5, 6, 7]), torch.tensor([5, 6, 7, 8]),
+                   torch.tensor([0.2, 0.8, 0.6, 0.1], dtype=torch.float64),
+                   torch.tensor([[5, 0], [6, 1], [7, 2], [8, 3]]))
+    region = torch.tensor([True] * 4 + [False] * 4)
+    parent = Step(parent_state, sc, root, region, ahead)
+    order, src = fill_order(parent)
+    assert order == [2, 1, 0, 3, 5, 6, 4, 7]
+    assert src[6][0] is ahead and src[6][1] == 2 and src[3][0] is sc
+    ctx = BlockContext(start=0, allowed=torch.ones(8, dtype=torch.bool), block_origin=0, mask_id=M, rule=None,
+                       step=1, masks_at_start=8)
+    g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(1, ((1, 1),)), Node(0, ((0, 0), (1, 0)))])
+    d = g.realize(root, parent, ctx)
+    assert d[0].tokens.tolist() == [1, 2, 3, 4, M, M, M, M]  # completes the sub-block
+    assert d[1].tokens.tolist() == [1, 2, 3, 4, M, 6, M, M] and d[1].parent == 1  # starts the next one
+    assert d[2].tokens.tolist() == [1, 2, 3, 4, M, M, 2, M]  # 2nd ahead position, 2nd most likely token
+    assert len(d) == 3  # node 4 (two positions at once) is the state of node 2: dropped as a duplicate
+    # without look-ahead material the chain stops at the sub-block's end
+    alone = g.realize(root, Step(parent_state, sc, root, region, None), ctx)
+    assert [x.tokens.tolist() for x in alone] == [[1, 2, 3, 4, M, M, M, M]]
+    # seed-token families: a later block's first position leads the look-ahead
+    seeded = Step(parent_state, sc, root, region, Scored(torch.tensor([8, 9]), torch.tensor([1, 1]),
+                                                         torch.tensor([0.1, 0.9], dtype=torch.float64)))
+    assert fill_order(seeded, 8)[0][4:] == [8, 9] and fill_order(seeded)[0][4:] == [9, 8]

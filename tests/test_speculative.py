@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from specfold import LLM, DecodeParams
-from specfold.decoding.drafts.calibrate import calibrate
+from specfold.decoding.drafts.calibrate import _Recorder as _CalRecorder
+from specfold.decoding.drafts.calibrate import calibrate, count_patterns
 from specfold.decoding.drafts.graph import DraftGraph, Node
-from specfold.decoding.loop import Draft, DraftPolicy
+from specfold.decoding.loop import Draft, DraftPolicy, Step
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 RULES = {"static": {}, "threshold": {"threshold": 0.6}, "sub_block": {"threshold": 0.6}}
@@ -58,7 +59,8 @@ def _check(llm, base, settings, prompts=PROMPTS):
 
 SETTINGS = ([dict(method="freedave", draft_depth=d) for d in (1, 3, 8)]
             + [dict(method="freedave", draft_depth=8, eager=True)]
-            + [dict(method="spiffy", branches=b, graph=MIXED) for b in (1, 8)])
+            + [dict(method="spiffy", branches=b, graph=MIXED) for b in (1, 8)]
+            + [dict(method="spiffy", branches=8, graph=MIXED, eager=True)])
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -79,7 +81,8 @@ def test_lossless_peaked_and_drafts_accepted(checkpoint, name):
         base = DecodeParams(rule=rule, max_new_tokens=24, early_stop=False, **RULES[rule])
         settings = ([dict(method="freedave", draft_depth=d) for d in (2, 8)]
                     + [dict(method="freedave", draft_depth=8, eager=True)]
-                    + [dict(method="spiffy", branches=b, graph=MIXED) for b in (2, 7)])
+                    + [dict(method="spiffy", branches=b, graph=MIXED) for b in (2, 7)]
+                    + [dict(method="spiffy", branches=7, graph=MIXED, eager=True)])
         totals = _check(llm, base, settings)
         spec = {k: v for k, v in totals.items() if k != "vanilla"}
         if llm.spec.logits_shift:
@@ -122,6 +125,63 @@ def test_calibrated_graph_lossless_and_saves_forwards(checkpoint, tmp_path):
     path = graph.save(tmp_path / "g.json")
     totals = _check(llm, base, [dict(method="spiffy", branches=7, graph=str(path))])
     assert min(v for k, v in totals.items() if k != "vanilla") < totals["vanilla"]
+
+
+class _NoAhead:
+    """The same policy with the look-ahead hidden: drafts stop at the rule region's end (the old reach)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    reads_ahead = False
+
+    def drafts(self, root, parent, ctx):
+        if parent is not None:
+            parent = Step(parent.state, parent.scored, parent.next, parent.region, None)
+        return self.inner.drafts(root, parent, ctx)
+
+
+@pytest.mark.parametrize("name", ["bc", "bi"])
+def test_drafts_cross_the_sub_block_boundary(checkpoint, name, tmp_path):
+    """Under the sub-block rule the drafts complete the current sub-block and start the next one (its
+    logits come from the same verification), so a sub-block's first step is speculated: vanilla's
+    tokens, and for FreeDave++ chains (plain and eager) fewer forwards than the same drafts stopped at
+    the sub-block's end. Calibration expresses the steps across the boundary; Spiffy with that graph
+    stays lossless (its forward count against the stopped drafts depends on the graph, so only the
+    chains' is asserted)."""
+    llm = _llm(checkpoint, name, peaked=30.0)
+    base = DecodeParams(rule="sub_block", threshold=0.999, max_new_tokens=32, early_stop=False)
+    prompts = PROMPTS
+    van = [llm.decoder(base).run(llm.encode(pr, base)) for pr in prompts]
+    cal = [[40 + i, 41, 42 + i] for i in range(6)]
+    rec, dec = _CalRecorder(), llm.decoder(base)
+    dec.policy = rec
+    for pr in cal:
+        dec.run(llm.encode(pr, base))
+    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id)
+    # one token per step (τ = 0.999): every root's next step is expressible, also a sub-block's first
+    assert sum(c for path, c in counts.items() if len(path) == 1) == roots > 0
+    graph = calibrate(llm, cal, base, branches=7)
+    settings = [dict(method="freedave", draft_depth=8), dict(method="spiffy", branches=7, graph=graph)]
+    if name == "bc":
+        settings.append(dict(method="freedave", draft_depth=8, eager=True))
+    for kw in settings:
+        p = base.replace(**kw)
+        nfe = {}
+        for reach in ("ahead", "region"):
+            dec = llm.decoder(p)
+            if reach == "region":
+                dec.policy = _NoAhead(dec.policy)
+            got = [dec.run(llm.encode(pr, p)) for pr in prompts]
+            for (ids, fin, _), (vids, vfin, _) in zip(got, van):
+                assert ids == vids and fin == vfin, (kw, reach)
+            nfe[reach] = sum(st.nfe for _, _, st in got)
+        assert nfe["ahead"] <= sum(st.nfe for _, _, st in van), (kw, nfe)
+        if kw["method"] == "freedave":
+            assert nfe["ahead"] < nfe["region"], (kw, nfe)
 
 
 def test_stats_fields(checkpoint):
@@ -207,10 +267,11 @@ class _Poison:
         return out
 
 
+@pytest.mark.parametrize("rule", ["threshold", "sub_block"])
 @pytest.mark.parametrize("name", ["bc_shift", "bi"])
-def test_advance_reads_only_the_exact_states_logits(checkpoint, name):
+def test_advance_reads_only_the_exact_states_logits(checkpoint, name, rule):
     llm = _llm(checkpoint, name, peaked=30.0)
-    p = DecodeParams(rule="threshold", threshold=0.6, max_new_tokens=16, early_stop=False)
+    p = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=16, early_stop=False)
     rec = _Recorder()
     dec = llm.decoder(p)
     dec.policy = rec

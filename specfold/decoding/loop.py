@@ -244,8 +244,9 @@ class BlockProgram(GeneratorProgram):
             drafts = drafts[: max(0, req.draft_budget)]
         cnt.draft_seconds += time.perf_counter() - t0
         branches = torch.stack([self._pad(state, W)] + [self._pad(d.tokens, W) for d in drafts])
-        regions = [self._regions(b, ctx, N, extra) for b in branches]  # per branch: [parts] of [W] bool
-        union = torch.stack([r for parts in regions for r in parts]).any(0).nonzero()[:, 0]
+        ahead = self.policy.reads_ahead or extra > 0
+        regions = [self._regions(b, ctx, N, extra, ahead) for b in branches]  # per branch: (parts, aheads)
+        union = torch.stack([r for parts, aheads in regions for r in parts + aheads]).any(0).nonzero()[:, 0]
         res = (yield [Forward(branches, wpos, req.cache, wmask, logits_at=union - shift,
                               parents=[-1] + [d.parent for d in drafts],
                               return_hidden=self.windows.wants_hidden, kind="verify")])[0]
@@ -259,7 +260,7 @@ class BlockProgram(GeneratorProgram):
         req.store.clear(ctx.start)  # keep only the newest batch: bounded memory
         self.windows.remember(req, branches, res.hidden, ctx.start)
         lookup = {int(u): i for i, u in enumerate(union.tolist())}
-        for b, parts in enumerate(regions):
+        for b, (parts, aheads) in enumerate(regions):
             toks = branches[b]
             node = -1 if b == 0 else drafts[b - 1].node
             for j in range(1 + extra):
@@ -269,8 +270,8 @@ class BlockProgram(GeneratorProgram):
                 pos_b = parts[j].nonzero()[:, 0]
                 rows = self._idx([lookup[x] for x in pos_b.tolist()])
                 apos = alog = None
-                if j < extra:
-                    apos = torch.stack(parts[j + 1:]).any(0).nonzero()[:, 0]
+                if aheads and bool(aheads[j].any()):
+                    apos = aheads[j].nonzero()[:, 0]
                     arows = self._idx([lookup[x] for x in apos.tolist()])
                     apos, alog = apos - j * N, out[b, arows]
                 req.store.put((ctx.start + j * N, tuple(toks[: (j + 1) * N].tolist())),
@@ -281,18 +282,30 @@ class BlockProgram(GeneratorProgram):
             return t
         return torch.cat([t, self._full(W - len(t), self.M).to(t.dtype)])
 
-    def _regions(self, toks: torch.Tensor, ctx: BlockContext, N: int, extra: int) -> list[torch.Tensor]:
-        """Candidate positions (window-wide bool) of the current block and of each later block."""
+    def _regions(self, toks: torch.Tensor, ctx: BlockContext, N: int, extra: int,
+                 ahead: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Window-wide bool masks, per block j of the window: the rule's candidate region, and (when
+        `ahead`) the region it reads next once that one is filled: the next sub-block of block j, or
+        the region of block j+1 when block j has no other mask (draft material)."""
         W = len(toks)
-        first = torch.zeros(W, dtype=torch.bool, device=self.device)
-        first[:N] = ctx.rule.region((toks[:N] == self.M) & ctx.allowed, ctx.block_origin)
-        parts = [first]
-        for j in range(1, extra + 1):
-            sl = slice(j * N, (j + 1) * N)
+        avail = (toks == self.M) & ctx.window_allowed
+        parts, aheads = [], []
+        for j in range(extra + 1):
+            sl, origin = slice(j * N, (j + 1) * N), (ctx.block_origin if j == 0 else 0)
             r = torch.zeros(W, dtype=torch.bool, device=self.device)
-            r[sl] = ctx.rule.region((toks[sl] == self.M) & ctx.window_allowed[sl], 0)
+            r[sl] = ctx.rule.region(avail[sl], origin)
             parts.append(r)
-        return parts
+        if ahead:
+            for j in range(extra + 1):
+                sl, origin = slice(j * N, (j + 1) * N), (ctx.block_origin if j == 0 else 0)
+                rest = avail[sl] & ~parts[j][sl]
+                a = torch.zeros(W, dtype=torch.bool, device=self.device)
+                if bool(rest.any()):
+                    a[sl] = ctx.rule.region(rest, origin)
+                elif j < extra:
+                    a = parts[j + 1]
+                aheads.append(a)
+        return parts, aheads
 
 
 class Decoder:

@@ -31,8 +31,9 @@ class Step:
     scored: Scored
     next: torch.Tensor  # [W]
     region: torch.Tensor  # [W] bool candidates of `state`
-    ahead: Scored | None = None  # eager windows: scores (T = 0) at the next block(s)' candidates (window
-    # indices >= the block size), from the same forward as `scored`: draft material only
+    ahead: Scored | None = None  # scores (T = 0) at the region the rule reads once `region` is filled
+    # (the next sub-block, or in eager windows the next block), from the same forward as `scored`:
+    # draft material only, never read by the rule
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class DraftPolicy:
     """Vanilla: no drafts. Subclasses build future states from the parent step's scores."""
     name = "none"
     topk = 0  # vocabulary ranks the drafts read (`Scored.top`); 0 = the argmax only
+    reads_ahead = False  # the drafts read `Step.ahead` (the verification then also computes those logits)
 
     def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
         return []

@@ -3,10 +3,13 @@
 For every main-trajectory root s_t of a block (one that has a parent step s_{t-1} -> s_t with logits
 p), walk the following transitions s_t -> s_{t+1} -> ... and express each one as a pattern: the set of
 (position rank, vocabulary rank) pairs of the positions it unmasks, ranks taken in p (position rank
-among p's candidates still masked before the transition; vocabulary rank of the chosen token in p's
-top-k). The path of patterns from the root is a candidate node whose parent is the path without its
-last pattern; its count is how often the trajectory followed it. A transition not expressible in p
-(a position outside p's candidates, a token beyond the top-k) ends the walk.
+in p's fill order, `graph.fill_order`, among the positions still masked before the transition;
+vocabulary rank of the chosen token in p's top-k). The fill order runs on into the region the rule
+reads next (the next sub-block), so patterns that cross the sub-block boundary are recorded, and
+sub-block first steps are roots too. The path of patterns from the root is a candidate node whose
+parent is the path without its last pattern; its count is how often the trajectory followed it. A
+transition not expressible in p (a position outside p's fill order, a token beyond the top-k) ends
+the walk.
 
 Nodes are picked greedily by degree-1 accumulation: among the candidates whose parent is already in
 the graph (the root's children first), take the one with the highest count + its parent's count (the
@@ -24,9 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node
+from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node, fill_order
 from specfold.decoding.plugins import BlockContext, DraftPolicy, Step
-from specfold.decoding.rules import rank
 from specfold.errors import ParamsError
 from specfold.params import DecodeParams
 from specfold.text import read_text_lines
@@ -39,6 +41,7 @@ class _Recorder(DraftPolicy):
     """No drafts (vanilla); records every block's steps."""
     name = "calibrate"
     topk = TOPK
+    reads_ahead = True
 
     def __init__(self):
         self.blocks: list[list[Step]] = []
@@ -49,14 +52,15 @@ class _Recorder(DraftPolicy):
         self.blocks[-1].append(step)
 
 
-def _pattern(order: list[int], cand: dict[int, int], p, cur, nxt, mask_id: int):
+def _pattern(order: list[int], src: dict, cur, nxt, mask_id: int):
     avail = [pos for pos in order if cur[pos] == mask_id]
     rank_of = {pos: r for r, pos in enumerate(avail)}
     pairs = []
     for pos in (cur != nxt).nonzero()[:, 0].tolist():
         if pos not in rank_of:
             return None
-        row = p.top[cand[pos]].tolist()
+        sc, i = src[pos]
+        row = sc.top[i].tolist()
         tok = int(nxt[pos])
         if tok not in row:
             return None
@@ -69,13 +73,11 @@ def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_
     roots = 0
     for steps in blocks:
         for t in range(1, len(steps)):
-            p = steps[t - 1].scored
-            order = p.positions[rank(p)].tolist()
-            cand = {pos: i for i, pos in enumerate(p.positions.tolist())}
+            order, src = fill_order(steps[t - 1])
             roots += 1
             path: tuple = ()
             for k in range(t, min(len(steps), t + max_depth)):
-                pat = _pattern(order, cand, p, steps[k].state, steps[k].next, mask_id)
+                pat = _pattern(order, src, steps[k].state, steps[k].next, mask_id)
                 if pat is None:
                     break
                 path += (pat,)

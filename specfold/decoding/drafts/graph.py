@@ -2,10 +2,12 @@
 
 Node 0 is the root (the main-trajectory state being verified). Node i >= 1 has one parent
 `parent[i] < i` and a set of (position rank, vocabulary rank) pairs; its block state is its parent
-node's state with, for each pair (r, v), the r-th still-masked position of the parent step's confidence
-ranking (`rules.rank`, restricted to the positions still masked in the parent node) unmasked to the v-th
-most likely token of the parent step's logits at that position. A node whose ranks run past the ranking
-(or past the candidates of the parent step's rule region) is not realized, nor are its descendants.
+node's state with, for each pair (r, v), the r-th still-masked position of the parent step's fill
+order (`fill_order`: its rule region by confidence, `rules.rank`, then the region the rule reads next,
+`Step.ahead`, by confidence; restricted to the positions still masked in the parent node) unmasked to
+the v-th most likely token of the parent step's logits at that position. So a node may complete the
+current sub-block and start the next one (or, in eager windows, the next block). A node whose ranks
+run past the fill order is not realized, nor are its descendants.
 
 Nodes are stored in selection order (parents first), so the first B nodes of a graph are a valid graph
 of B nodes. FreeDave's chain is the graph whose node j is {(0, 0)}, ..., {(k-1, 0)} under node j-1.
@@ -23,12 +25,34 @@ from pathlib import Path
 import torch
 
 from specfold.decoding.plugins import BlockContext, Draft, Step
-from specfold.decoding.rules import rank
+from specfold.decoding.rules import Scored, rank
 from specfold.errors import ConfigError
 
 VERSION = 1
 MAX_NODES = 64  # DecodeParams.branches accepts at most 64
 MAX_VOCAB_RANK = 8  # vocabulary ranks 0..7 (Scored.top keeps that many ids)
+
+
+def fill_order(step: Step, seed_block: int | None = None) -> tuple[list[int], dict[int, tuple[Scored, int]]]:
+    """A step's draft material in fill order -> (window positions, position -> (scores, row)): its rule
+    region by descending confidence, then its look-ahead region (`Step.ahead`) by descending confidence.
+    With `seed_block` = N (seed-token families), a later block's first position leads the look-ahead:
+    vanilla starts every block with its seed filled."""
+    s, order, src = step.scored, [], {}
+    for i in rank(s).tolist():
+        p = int(s.positions[i])
+        order.append(p)
+        src[p] = (s, i)
+    a = step.ahead
+    if a is not None and len(a.conf):
+        nxt = [(int(a.positions[i]), i) for i in rank(a).tolist()]
+        if seed_block:
+            nxt.sort(key=lambda x: not (x[0] >= seed_block and x[0] % seed_block == 0))  # stable
+        for p, i in nxt:
+            if p not in src:
+                order.append(p)
+                src[p] = (a, i)
+    return order, src
 
 
 class GraphError(ConfigError):
@@ -171,12 +195,16 @@ class DraftGraph:
 
         Duplicate states (and states equal to the root) are dropped; a dropped node's children hang
         from the branch holding its state. Draft.node = graph node index (1-based)."""
-        if parent is None or len(parent.scored.conf) == 0:
+        if parent is None or len(parent.scored.conf) + (len(parent.ahead.conf) if parent.ahead else 0) == 0:
             return []
-        s = parent.scored
-        order = s.positions[rank(s)].tolist()  # window positions by descending confidence
-        cand_idx = {p: i for i, p in enumerate(s.positions.tolist())}
+        N = len(root)
+        W = max(ctx.width, N)
+        allowed = ctx.window_allowed if ctx.window_allowed is not None else ctx.allowed
+        order, src = fill_order(parent, N if ctx.seed_token else None)
+        order = [p for p in order if p < W and (p < N or bool(allowed[p]))]
         M = ctx.mask_id
+        if order and max(order) >= N:  # eager: the drafts reach into the next block
+            root = torch.cat([root, torch.full((W - N,), M, dtype=root.dtype, device=root.device)])
         states: list[torch.Tensor | None] = [root]
         branch_of: list[int] = [0]  # node -> verification branch index
         seen = {tuple(root.tolist()): 0}
@@ -196,10 +224,11 @@ class DraftGraph:
                     ok = False
                     break
                 p = avail[r]
+                sc, row = src[p]
                 if v == 0:
-                    st[p] = s.tokens[cand_idx[p]]
-                elif s.top is not None and v < s.top.shape[1]:
-                    st[p] = s.top[cand_idx[p], v]
+                    st[p] = sc.tokens[row]
+                elif sc.top is not None and v < sc.top.shape[1]:
+                    st[p] = sc.top[row, v]
                 else:
                     ok = False
                     break

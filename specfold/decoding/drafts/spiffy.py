@@ -57,10 +57,19 @@ def default_graph(spec: ModelSpec, rule: str, branches: int) -> DraftGraph:
 
 class Spiffy(DraftPolicy):
     name = "spiffy"
+    reads_ahead = True
 
-    def __init__(self, graph: DraftGraph):
-        self.graph = graph
+    def __init__(self, graph: DraftGraph, eager: bool = False):
+        self.graph, self.eager = graph, eager
         self.topk = graph.topk if graph.topk > 1 else 0
+        reach = [0] * (len(graph) + 1)  # positions a node unmasks beyond the root, through its ancestors
+        for i, n in enumerate(graph.nodes, start=1):
+            reach[i] = reach[n.parent] + len(n.pairs)
+        self.reach = 1 + max(reach)  # the root step unmasks at least one
+
+    def lookahead(self, masked: int, ctx: BlockContext) -> int:
+        """Eager windows: as far as the deepest node reaches beyond the current block's masks."""
+        return self.reach - masked + 1 if self.eager and masked < self.reach else 0
 
     def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
         return self.graph.realize(root, parent, ctx)
@@ -72,4 +81,4 @@ class Spiffy(DraftPolicy):
 def make_policy(spec: ModelSpec, params: DecodeParams) -> Spiffy:
     graph = default_graph(spec, params.rule, params.branches) if params.graph is None else load_graph(params.graph)
     graph.validate(block_size=params.block_size)
-    return Spiffy(graph.first(params.branches))
+    return Spiffy(graph.first(params.branches), bool(params.eager))
