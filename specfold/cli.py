@@ -74,6 +74,8 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--eager", action="store_true", help="FreeDave drafts may reach into the next block")
     g.add_argument("--branches", type=int, default=7, help="Spiffy/SpecFold draft branches")
     g.add_argument("--graph", default=None, help="Spiffy draft graph JSON")
+    g.add_argument("--graph-depth", type=positive_int, default=None,
+                   help="Spiffy/SpecFold: use only the graph's nodes at most this deep (default: all)")
     g.add_argument("--delta", type=float, default=0.1, help="SpecFold fold threshold")
     g.add_argument("--drafts", default="spiffy", choices=["spiffy", "freedave"], help="SpecFold draft policy")
     g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
@@ -86,7 +88,7 @@ def params_from_args(a: argparse.Namespace):
         tokens_per_step=a.tokens_per_step, threshold=a.threshold, confidence=a.confidence, steps=a.steps,
         max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
         chat_template=not a.no_chat_template, early_stop=not a.no_early_stop, draft_depth=a.draft_depth,
-        eager=a.eager, branches=a.branches, graph=a.graph, delta=a.delta, drafts=a.drafts, backend=a.backend)
+        eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend)
 
 
 def llm_from_args(a: argparse.Namespace):

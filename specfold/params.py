@@ -45,6 +45,7 @@ class DecodeParams:
     eager: bool = False
     branches: int = 7
     graph: object = None  # path to a Spiffy graph JSON or a DraftGraph
+    graph_depth: int | None = None  # Spiffy/SpecFold: only the graph's nodes at most this deep (None = all)
     delta: float = 0.1
     drafts: str = "spiffy"
     backend: str = "torch"
@@ -70,6 +71,8 @@ class DecodeParams:
             raise ParamsError(f"draft_depth must be in [1, 64], got {self.draft_depth}")
         if not 1 <= self.branches <= 64:
             raise ParamsError(f"branches must be in [1, 64], got {self.branches}")
+        if self.graph_depth is not None and not 1 <= self.graph_depth <= 64:
+            raise ParamsError(f"graph_depth must be in [1, 64] (or unset: every node), got {self.graph_depth}")
         if self.eager and self.method == "specfold":
             raise ParamsError("eager=True does not combine with method 'specfold': folded verification returns "
                               "no hidden states for the eager commit; use eager=False, or method 'freedave'/"
@@ -177,8 +180,8 @@ class SamplingParams:
 
 
 _CONFIG_FIELDS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "threshold_ge",
-                  "confidence", "steps", "early_stop", "draft_depth", "eager", "branches", "graph", "delta",
-                  "drafts", "backend")
+                  "confidence", "steps", "early_stop", "draft_depth", "eager", "branches", "graph", "graph_depth",
+                  "delta", "drafts", "backend")
 
 
 @dataclass(slots=True)
@@ -204,6 +207,7 @@ class EngineConfig:
     eager: bool = False
     branches: int = 7
     graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
+    graph_depth: int | None = None
     delta: float = 0.1
     drafts: str = "spiffy"
     backend: str = "torch"

@@ -222,7 +222,9 @@ def test_ctrl_c_exits_130_quietly_and_keeps_the_records(tmp_path):
     out = tmp_path / "runs" / "b.jsonl"
     argv = [sys.executable, "-m", "specfold", "bench", "--model", "tiny", "--tasks", "tiny", "--methods",
             "vanilla", "--rule", "static", "--limit", "40", "--warmup", "0", "--threads", "1", "--out", str(out)]
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    # a shell's background job inherits SIGINT ignored, and so would the child: give it the default
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (out.is_file() and out.stat().st_size) and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,7 +8,7 @@ import pytest
 from specfold import LLM, DecodeParams
 from specfold.decoding.drafts.calibrate import count_patterns, read_prompts, select
 from specfold.decoding.drafts.graph import DraftGraph, GraphError, Node, load_graph
-from specfold.errors import ConfigError
+from specfold.errors import ConfigError, ParamsError
 
 GOOD = {"version": 1, "nodes": [{"parent": 0, "pairs": [[0, 0]]}, {"parent": 1, "pairs": [[0, 0], [2, 1]]},
                                 {"parent": 0, "pairs": [[1, 0]]}], "meta": {"block_size": 8, "rule": "threshold"}}
@@ -169,3 +169,31 @@ def test_realize_crosses_into_the_look_ahead_region():
     seeded = Step(parent_state, sc, root, region, Scored(torch.tensor([8, 9]), torch.tensor([1, 1]),
                                                          torch.tensor([0.1, 0.9], dtype=torch.float64)))
     assert fill_order(seeded, 8)[0][4:] == [8, 9] and fill_order(seeded)[0][4:] == [9, 8]
+
+
+def test_graph_depth_keeps_the_shallow_nodes_in_order():
+    """`to_depth(D)` = what greedy selection picks when paths deeper than D are not counted; the
+    `graph_depth` setting applies it before taking the first `branches` nodes."""
+    from collections import Counter
+    a, b, c = ((0, 0),), ((1, 0),), ((0, 1),)
+    counts = Counter({(a,): 90, (a, a): 60, (a, a, a): 40, (b,): 30, (a, b): 20, (c,): 10, (b, a): 5})
+    full = DraftGraph(select(counts, 100, 7)[0])
+    for depth in (1, 2, 3):
+        shallow = Counter({k: v for k, v in counts.items() if len(k) <= depth})
+        n = sum(1 for k in shallow)
+        assert full.to_depth(depth).nodes == select(shallow, 100, n)[0], depth
+    assert max(full.to_depth(2).depths()) == 2 and full.depths() == [1, 2, 2, 3, 1, 2, 1]
+    with pytest.raises(GraphError, match="no node at depth"):
+        DraftGraph([Node(0, a)]).to_depth(0)
+
+
+def test_graph_depth_setting(checkpoint):
+    llm = LLM(checkpoint("qwen2", block_size=8), dtype="float64")
+    g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(2, ((0, 0),))])
+    from specfold.decoding.drafts.spiffy import make_policy
+    p = DecodeParams(method="spiffy", graph=g, branches=2, graph_depth=1).resolve(llm.spec)
+    assert make_policy(llm.spec, p).graph.nodes == [Node(0, ((0, 0),)), Node(0, ((1, 0),))]
+    with pytest.raises(GraphError, match="2 nodes at depth <= 1; branches=3"):
+        make_policy(llm.spec, p.replace(branches=3))
+    with pytest.raises(ParamsError, match="graph_depth must be in"):
+        DecodeParams(graph_depth=0)

@@ -4,8 +4,9 @@
   tokens/s.
 - `speed_vs_vanilla.png`: one bar pair per (task, method, setting) other than vanilla: tokens per
   forward and tokens/s as ratios to vanilla (1 = no gain), the figures the tables call (×v).
-- `gain_vs_branches.png`: written only when rows carry a `branches` sweep value: tokens/s as a
-  ratio to vanilla against the number of branches B, one line per (task, method, other settings).
+- `gain_vs_branches.png`, `gain_vs_graph_depth.png`, `gain_vs_draft_depth.png`: each written only
+  when rows carry that sweep field: tokens/s as a ratio to vanilla against the number of branches B,
+  the Spiffy graph depth D or the FreeDave chain depth d, one line per (task, method, other settings).
 
 Readability invariants: points and lines are named in a legend outside the axes (never by text
 beside the points, which overlaps when points are close); each series has its own colour (and a
@@ -101,13 +102,17 @@ def plot_speed_ratios(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -
     return _save(plt, fig, path)
 
 
-def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
+GAIN_FIELDS = {"branches": "branches B", "graph_depth": "graph depth D", "draft_depth": "chain depth d"}
+
+
+def plot_gain(rows: Sequence[dict[str, Any]], field: str, path: str | os.PathLike) -> Path | None:
+    """tokens/s gain over vanilla against an integer swept field (one line per method and setting)."""
     lines: dict[tuple, list[tuple[int, float]]] = defaultdict(list)
     for r in rows:
-        b = r.get("sweep", {}).get("branches")
+        b = r.get("sweep", {}).get(field)
         if b is None or r.get("tokens_per_second_x") is None:
             continue
-        rest = ",".join(f"{k}={v}" for k, v in r["sweep"].items() if k != "branches")
+        rest = ",".join(f"{k}={v}" for k, v in r["sweep"].items() if k != field)
         lines[(r["method"], r["task"], rest)].append((int(b), r["tokens_per_second_x"]))
     if not lines:
         return None
@@ -119,7 +124,7 @@ def plot_branch_gain(rows: Sequence[dict[str, Any]], path: str | os.PathLike) ->
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=" ".join(x for x in (task, method, rest) if x),
                 **style[(method, task, rest)])
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xlabel("branches B")
+    ax.set_xlabel(GAIN_FIELDS.get(field, field))
     ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("tokens/s gain over vanilla")
     ax.grid(alpha=0.3)
@@ -133,5 +138,5 @@ def write_plots(rows: Sequence[dict[str, Any]], folder: str | os.PathLike) -> li
     d.mkdir(parents=True, exist_ok=True)
     written = [plot_accuracy_speed(rows, d / "accuracy_vs_speed.png"),
                plot_speed_ratios(rows, d / "speed_vs_vanilla.png"),
-               plot_branch_gain(rows, d / "gain_vs_branches.png")]
+               *(plot_gain(rows, f, d / f"gain_vs_{f}.png") for f in GAIN_FIELDS)]
     return [p for p in written if p is not None]

@@ -20,12 +20,12 @@ from specfold.errors import ParamsError
 from specfold.eval.summary import REFERENCE
 
 # DecodeParams fields read only by draft policies and verifiers (vanilla has neither)
-DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "delta", "drafts", "backend")
+DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "graph_depth", "delta", "drafts", "backend")
 # the draft fields each built-in method reads (a method not listed: all of them)
 METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     REFERENCE: (),
     "freedave": ("draft_depth", "eager"),
-    "spiffy": ("branches", "graph", "eager"),
+    "spiffy": ("branches", "graph", "graph_depth", "eager"),
     "specfold": DRAFT_FIELDS,
 }
 

@@ -176,6 +176,8 @@ def test_summarize_ratios_and_plots(tmp_path):
     paths = write_plots(rows, tmp_path / "p")
     assert [p.name for p in paths] == ["accuracy_vs_speed.png", "speed_vs_vanilla.png", "gain_vs_branches.png"]
     assert all(p.stat().st_size > 1000 for p in paths)
+    deep = summarize([dict(r, sweep={"graph_depth": r["sweep"]["branches"]}) if r.get("sweep") else r for r in recs])
+    assert [p.name for p in write_plots(deep, tmp_path / "d")][-1] == "gain_vs_graph_depth.png"
     assert token_match([], []) == (1.0, True) and token_match([1, 2], [1, 2, 3]) == (2 / 3, False)
 
 

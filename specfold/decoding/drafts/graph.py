@@ -94,6 +94,24 @@ class DraftGraph:
                              f"(calibrate one with `specfold calibrate --branches {b}`)")
         return DraftGraph(self.nodes[:b], dict(self.meta), self.version)
 
+    def depths(self) -> list[int]:
+        """Depth of every node (a root child is depth 1)."""
+        d = [0]
+        for n in self.nodes:
+            d.append(d[n.parent] + 1)
+        return d[1:]
+
+    def to_depth(self, depth: int) -> "DraftGraph":
+        """The graph of its nodes at most `depth` deep, in the same order (parents first: a node's
+        parent is shallower, so it is kept too). Greedy calibration with a depth limit picks exactly
+        these nodes in this order, so this is the graph of depth `depth` a calibration would give."""
+        keep = [i for i, d in enumerate(self.depths(), start=1) if d <= depth]
+        new = {0: 0} | {old: j for j, old in enumerate(keep, start=1)}
+        nodes = [Node(new[self.nodes[i - 1].parent], self.nodes[i - 1].pairs) for i in keep]
+        if not nodes:
+            raise GraphError(f"the draft graph has no node at depth <= {depth}")
+        return DraftGraph(nodes, dict(self.meta) | {"graph_depth": depth}, self.version)
+
     @classmethod
     def chain(cls, depth: int, k: int = 1) -> "DraftGraph":
         """FreeDave: node j = node j-1 plus the next k positions of the ranking (argmax tokens)."""

@@ -31,7 +31,7 @@ def fingerprint(spec: ModelSpec) -> str:
             f":n{spec.block_size}:m{spec.mask_token_id}")
 
 
-def default_graph(spec: ModelSpec, rule: str, branches: int) -> DraftGraph:
+def default_graph(spec: ModelSpec, rule: str, branches: int, depth: int | None = None) -> DraftGraph:
     fp = fingerprint(spec)
     found = []
     for f in sorted(GRAPHS.glob("*.json")):
@@ -45,12 +45,12 @@ def default_graph(spec: ModelSpec, rule: str, branches: int) -> DraftGraph:
     # stays lossless), so it is the fallback
     for r, f in sorted(found, key=lambda x: (x[0] != rule, x[0] != "threshold", str(x[1]))):
         g = DraftGraph.load(f)
-        if len(g) >= branches:
+        if len(g if depth is None else g.to_depth(depth)) >= branches:
             return g
     have = ", ".join(f"{r} ({f.name})" for r, f in found) or "none"
     raise GraphError(
         f"method 'spiffy' needs a draft graph: pass graph=PATH (or --graph PATH). No shipped default graph "
-        f"fits this model ({fp}) with {branches} branches (shipped for this model: {have}); "
+        f"fits this model ({fp}) with {branches} branches{'' if depth is None else f' at depth <= {depth}'} (shipped for this model: {have}); "
         f"make one with `specfold calibrate --model M --prompts FILE --rule {rule} --branches {branches} "
         f"--out graph.json`")
 
@@ -79,6 +79,14 @@ class Spiffy(DraftPolicy):
 
 
 def make_policy(spec: ModelSpec, params: DecodeParams) -> Spiffy:
-    graph = default_graph(spec, params.rule, params.branches) if params.graph is None else load_graph(params.graph)
+    depth = params.graph_depth
+    graph = (default_graph(spec, params.rule, params.branches, depth) if params.graph is None
+             else load_graph(params.graph))
     graph.validate(block_size=params.block_size)
+    if depth is not None:
+        graph = graph.to_depth(depth)
+        if len(graph) < params.branches:
+            raise GraphError(f"the draft graph has {len(graph)} nodes at depth <= {depth}; branches="
+                             f"{params.branches} asks for more (calibrate a bigger graph with `specfold "
+                             f"calibrate --branches N`)")
     return Spiffy(graph.first(params.branches), bool(params.eager))
