@@ -53,6 +53,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "fold_ratio_excl_layer0": _mean([r.get("fold_ratio_excl_layer0") for r in recs]),
             "match": _mean([r.get("match") for r in recs]),
             "exact": _mean([None if r.get("exact") is None else float(r["exact"]) for r in recs]),
+            "outside_forward": _outside(recs, secs),
         })
     by_key = {(r["task"], r["method"], r["setting"]): r for r in rows}
     for row in rows:
@@ -62,14 +63,27 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _outside(recs: Sequence[dict[str, Any]], secs: float) -> float | None:
+    """Share of the decode time spent outside the model's forwards (drafting, store, rules, loop):
+    1 - model seconds / seconds, over the group; None for records without the engine's timing."""
+    model = [r.get("extra", {}).get("model_seconds") for r in recs]
+    if secs <= 0 or any(m is None for m in model):
+        return None
+    return max(0.0, 1.0 - sum(model) / secs)
+
+
 def _fmt(v: Any, spec: str = ".3f") -> str:
     return "—" if v is None else format(v, spec)
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{100 * v:.1f}%"
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table; extra task metrics (IFEval's four accuracies ...) listed under it."""
     head = ["task", "method", "setting", "n", "accuracy", "(×v)", "NFE/sample", "(×v)", "tok/fwd", "(×v)",
-            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0"]
+            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0", "outside fwd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     extra = []
     for r in rows:
@@ -78,7 +92,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                  _fmt(r["tokens_per_forward"], ".2f"), _fmt(r["tokens_per_forward_x"], ".2f"),
                  _fmt(r["tokens_per_second"], ".1f"), _fmt(r["tokens_per_second_x"], ".2f"),
                  _fmt(r["match"]), _fmt(r["exact"]), _fmt(r["fold_ratio"], ".2f"),
-                 _fmt(r["fold_ratio_excl_layer0"], ".2f")]
+                 _fmt(r["fold_ratio_excl_layer0"], ".2f"), _pct(r.get("outside_forward"))]
         lines.append("| " + " | ".join(cells) + " |")
         more = {k: v for k, v in r["metrics"].items() if k != "accuracy"}
         if more:

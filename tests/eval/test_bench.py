@@ -291,3 +291,16 @@ def test_eval_progress_bar_says_eval(model_dir, data, capsys):
                  "--max-new-tokens", "8", "--warmup", "0"]) == 0
     err = capsys.readouterr().err
     assert "eval: 100%" in err and "bench" not in err
+
+
+def test_outside_forward_share():
+    """The share of decode time outside the model forwards: 1 - model seconds / seconds per group,
+    and a dash for records that carry no engine timing."""
+    recs = [dict(_rec("vanilla", "default", i, 4, 8, 2.0, [1, 2, 3, 4]), extra={"model_seconds": m})
+            for i, m in enumerate((1.9, 1.7))]
+    recs += [_rec("spiffy", "default", i, 4, 4, 1.0, [1, 2, 3, 4]) for i in range(2)]
+    v, s = summarize(recs)
+    assert v["outside_forward"] == pytest.approx(1 - 3.6 / 4.0) and s["outside_forward"] is None
+    table = format_table([v, s])
+    assert table.splitlines()[0].endswith("| outside fwd |") and "| 10.0% |" in table.splitlines()[2]
+    assert table.splitlines()[3].endswith("| — |")
