@@ -126,13 +126,20 @@ def make_batch(examples: list[tuple[list[int], int]], enc: Encoder, N: int, gen:
     return tokens, positions, train_mask(L, start, N, copies), targets, torch.cat(masks, dim=1)
 
 
-def loss_fn(model: Transformer, batch, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_fn(model: Transformer, batch, autocast: bool,
+            token_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked-token cross entropy (mean over masked positions; with `token_weight` [V], the mean
+    weighted by each target token's weight) and accuracy."""
     tokens, positions, mask, targets, lmask = batch
     L = tokens.shape[1] - targets.shape[1]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits = model(tokens, positions, mask=mask, logits_at=torch.arange(L, tokens.shape[1]))
     logits = logits.float()[lmask]
     tgt = targets[lmask]
-    loss = F.cross_entropy(logits, tgt)
+    if token_weight is None:
+        loss = F.cross_entropy(logits, tgt)
+    else:
+        w = token_weight[tgt]
+        loss = (F.cross_entropy(logits, tgt, reduction="none") * w).sum() / w.sum()
     acc = (logits.argmax(-1) == tgt).float().mean()
     return loss, acc

@@ -91,16 +91,18 @@ def train_tiny(out: str, seed: int = 0, minutes: float | None = None, steps: int
                micro: bool = False, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                autocast: bool | None = None, threads: int = 1, save_minutes: float = 3.0,
                export_minutes: float = 10.0, eval_minutes: float = 10.0, eval_problems: int = 40,
-               ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "arith") -> dict:
+               ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "arith",
+               digit_weight: float = 1.0) -> dict:
     """Train (or resume) the tiny model into `out`; returns the last metrics (see `_train_tiny`)."""
     with fused_attention():
         return _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
                            save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every,
-                           copies, task)
+                           copies, task, digit_weight)
 
 
 def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
-                save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every, copies, task):
+                save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every, copies, task,
+                digit_weight=1.0):
     """Train (or resume) the tiny model into `out`; returns a summary dict of the last metrics.
 
     Length: `steps` (deterministic) or, without it, `minutes` (the step count is then fixed from the
@@ -125,6 +127,10 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
     enc = Encoder(tok)
     stop_ids = [enc.im_end, enc.pad]
     config = model_config(size, len(tok.vocab), enc.mask, stop_ids, enc.im_end, enc.pad)
+    token_weight = None
+    if digit_weight != 1.0:  # digit targets (the arithmetic's results) weigh more in the loss
+        token_weight = torch.ones(config["vocab_size"])
+        token_weight[[tok.vocab[str(d)] for d in range(10)]] = digit_weight
     spec = resolve_spec(config)
     torch.manual_seed(seed)
     model = Transformer(spec)
@@ -195,7 +201,7 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
         t0 = time.time()
         batch = make_batch([enc.example(next(stream)) for _ in range(batch_size)], enc,
                            spec.block_size, gen, copies)
-        loss, acc = loss_fn(model, batch, autocast)
+        loss, acc = loss_fn(model, batch, autocast, token_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -267,6 +273,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copies", type=int, default=2, help="noisy copies per clean sequence")
     p.add_argument("--task", choices=list(TASKS), default="arith",
                    help="arith: the shipped model's task; choices: worked solutions with choice points")
+    p.add_argument("--digit-weight", type=float, default=1.0,
+                   help="loss weight of digit targets (the arithmetic's results) against 1 for the others")
     p.add_argument("--save-minutes", type=float, default=3.0)
     p.add_argument("--export-minutes", type=float, default=10.0)
     p.add_argument("--eval-minutes", type=float, default=10.0)
@@ -280,7 +288,8 @@ def run_args(a: argparse.Namespace) -> int:
     train_tiny(a.out, a.seed, minutes=a.minutes, steps=a.steps, micro=a.micro,
                batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, autocast=a.bf16, threads=a.threads, copies=a.copies,
                save_minutes=a.save_minutes, export_minutes=a.export_minutes,
-               eval_minutes=a.eval_minutes, eval_problems=a.eval_problems, ship=a.ship, task=a.task)
+               eval_minutes=a.eval_minutes, eval_problems=a.eval_problems, ship=a.ship, task=a.task,
+               digit_weight=a.digit_weight)
     return 0
 
 

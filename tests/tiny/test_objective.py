@@ -60,3 +60,24 @@ def test_training_forward_matches_inference_forward(tmp_path, fused):
     for b, (ids, pl) in enumerate(ex):
         assert not lmask[b, : pl - start].any()
     assert lmask.any()
+
+
+def test_token_weighted_loss(tmp_path):
+    """`loss_fn(..., token_weight)`: all-ones weights give the plain mean; otherwise the mean of the
+    per-target cross entropies weighted by their token's weight (computed here independently)."""
+    import torch.nn.functional as F
+    probs, enc, spec, model = _setup(tmp_path)
+    batch = TR.make_batch([enc.example(p) for p in probs[:4]], enc, spec.block_size, torch.Generator().manual_seed(0))
+    plain, _ = TR.loss_fn(model, batch, False)
+    ones, _ = TR.loss_fn(model, batch, False, torch.ones(spec.vocab_size))
+    assert torch.allclose(plain, ones, rtol=1e-6)
+    w = torch.ones(spec.vocab_size)
+    w[[enc.tok.vocab[str(d)] for d in range(10)]] = 4.0
+    got, _ = TR.loss_fn(model, batch, False, w)
+    tokens, positions, mask, targets, lmask = batch
+    L = tokens.shape[1] - targets.shape[1]
+    logits = model(tokens, positions, mask=mask, logits_at=torch.arange(L, tokens.shape[1])).float()[lmask]
+    ce = F.cross_entropy(logits, targets[lmask], reduction="none")
+    ww = w[targets[lmask]]
+    assert (ww > 1).any() and torch.allclose(got, (ce * ww).sum() / ww.sum(), rtol=1e-6)
+    assert not torch.allclose(got, plain)
