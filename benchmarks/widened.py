@@ -17,7 +17,8 @@ time changes. Its random extra weights make it a **cost proxy**, never a quality
 Reported per (width, rule, method): accuracy, NFE per sample, tokens per forward, tokens/s (wall
 clock, from the outputs' stats) and tokens per CPU-second (process CPU time around each generate
 call: steadier than wall clock when other jobs share the core), each with its ratio to vanilla,
-plus the fraction of problems whose tokens equal vanilla's and the mean fold ratio.
+plus the fraction of problems whose tokens equal vanilla's, the mean fold ratio, and the share of
+decode time outside the model forwards (drafting, store, rules, loop).
 Widened folders are kept under --runs and reused when their config matches.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ from specfold.models.widen import Shape, resolve_shape, source_spec, widen_check
 METHODS = {  # label -> DecodeParams fields
     "vanilla": {},
     "FreeDave d=8": dict(method="freedave", draft_depth=8),
+    "FreeDave d=8 eager": dict(method="freedave", draft_depth=8, eager=True),
     "Spiffy B=7": dict(method="spiffy", branches=7),
     "SpecFold δ=0.1": dict(method="specfold", drafts="spiffy", branches=7, delta=0.1),
 }
@@ -89,6 +91,7 @@ def run_width(checkpoint: str, samples, task, args) -> dict:
                 recs[m].append({"id": s.id, "correct": bool(task.score(s, o.text).get("correct")),
                                 "nfe": o.stats.nfe, "tokens": o.stats.tokens, "seconds": o.stats.seconds,
                                 "cpu_seconds": cpu, "fold_ratio": o.stats.extra.get("fold_ratio"),
+                                "model_seconds": o.stats.extra.get("model_seconds", 0.0),
                                 "token_ids": list(o.token_ids)})
         out[rule] = recs
     return out
@@ -104,7 +107,8 @@ def summarize(recs: dict[str, list[dict]]) -> list[dict]:
                      "nfe": nfe / len(rs), "tpf": tok / nfe, "tps": tok / sum(r["seconds"] for r in rs),
                      "tpcpu": tok / sum(r["cpu_seconds"] for r in rs),
                      "match": sum(r["token_ids"] == ids for r, ids in zip(rs, ref_ids)) / len(rs),
-                     "fold": sum(folds) / len(folds) if folds else None})
+                     "fold": sum(folds) / len(folds) if folds else None,
+                     "outside": 1 - sum(r.get("model_seconds", 0.0) for r in rs) / sum(r["seconds"] for r in rs)})
     return rows
 
 
@@ -112,12 +116,12 @@ def table(rows: list[dict]) -> str:
     v = rows[0]
     x = lambda r, k: f"{r[k]:.3f}" if k == "accuracy" else (f"{r[k]:.2f}" if k == "tpf" or r[k] < 10 else f"{r[k]:.1f}")
     lines = ["| method | accuracy | (×v) | NFE/sample | (×v) | tok/fwd | (×v) | tok/s | (×v) | tok/CPU-s | (×v) "
-             "| match | fold ratio |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| match | fold ratio | outside fwd |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [r["method"]]
         for k in ("accuracy", "nfe", "tpf", "tps", "tpcpu"):
             cells += [x(r, k), f"{r[k] / v[k]:.2f}" if v[k] else "—"]
-        cells += [f"{r['match']:.2f}", "—" if r["fold"] is None else f"{r['fold']:.2f}"]
+        cells += [f"{r['match']:.2f}", "—" if r["fold"] is None else f"{r['fold']:.2f}", f"{100 * r['outside']:.1f}%"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -191,24 +191,25 @@ def register(subparsers) -> None:
     ap.set_defaults(func=_cmd)
 
 
-def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 16, out_dir: str | Path | None = None) -> list[Path]:
+def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 32, out_dir: str | Path | None = None) -> list[Path]:
     """(Re)make the shipped default graphs of the tiny model: threshold, sub_block and static rules, calibrated
-    on `n` fresh problems of the tiny task (a stream disjoint from the held-out set) through the chat
-    template. `python -m specfold.decoding.drafts.calibrate [MODEL_DIR]`."""
+    on `n` fresh problems of the model's task (the `choices` task when its held-out rows carry their
+    facts, else the arithmetic one; a stream disjoint from the held-out set) through the chat template.
+    `python -m specfold.decoding.drafts.calibrate [MODEL_DIR]`."""
     import random
 
     from specfold.api import LLM
     from specfold.decoding.drafts.spiffy import GRAPHS
+    from specfold.tiny import choices as C
     from specfold.tiny import data as D
     llm = LLM(model, dtype="float32")
     rng = random.Random("spiffy-calibration")
-    held = set()
-    hp = llm.path / "heldout.jsonl"
-    if hp.is_file():
-        held = {r["question"] for r in D.load_jsonl(hp)}
+    rows = D.load_jsonl(llm.path / "heldout.jsonl") if (llm.path / "heldout.jsonl").is_file() else []
+    held = {r["question"] for r in rows}
+    task, make = ("choices", C.make_problem) if rows and "facts" in rows[0] else ("arith", D.make_problem)
     prompts: list[str] = []
     while len(prompts) < n:
-        q = D.make_problem(rng)["question"]
+        q = make(rng)["question"]
         if q not in held:
             prompts.append(q)
     out_dir = Path(out_dir or GRAPHS)
@@ -216,7 +217,8 @@ def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 16, out_dir:
     for rule in ("threshold", "sub_block", "static"):
         p = DecodeParams(rule=rule, threshold=0.9, tokens_per_step=1, chat_template=True, max_new_tokens=128)
         g = calibrate(llm, prompts, p, branches)
-        g.meta["source"] = f"tiny_defaults(n={n}): fresh tiny-task problems, chat template, threshold 0.9 / static k=1"
+        g.meta["source"] = (f"tiny_defaults(n={n}): fresh {task}-task problems, chat template, threshold 0.9 / "
+                            f"static k=1")
         written.append(g.save(out_dir / f"tiny_{rule}.json"))
     return written
 
