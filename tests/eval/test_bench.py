@@ -304,3 +304,13 @@ def test_outside_forward_share():
     table = format_table([v, s])
     assert table.splitlines()[0].endswith("| outside fwd |") and "| 10.0% |" in table.splitlines()[2]
     assert table.splitlines()[3].endswith("| — |")
+
+
+def test_table_says_which_rows_are_approximate():
+    recs = [_rec("vanilla", "default", 0, 4, 8, 1.0, [1, 2, 3, 4])]
+    for d in (0, 0.1):
+        recs.append(dict(_rec("specfold", f"delta={d}", 0, 4, 4, 1.0, [1, 2, 3, 4], sweep={"delta": d}),
+                         params={"method": "specfold", "delta": d}))
+    recs.append(dict(_rec("spiffy", "default", 0, 4, 4, 1.0, [1, 2, 3, 4]), params={"method": "spiffy", "delta": 0.1}))
+    notes = [ln for ln in format_table(summarize(recs)).splitlines() if ln.startswith("- approximate")]
+    assert len(notes) == 1 and notes[0].endswith(": specfold delta=0.1; every other method is lossless")
