@@ -81,6 +81,25 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Scheduler settings of the engine (`EngineConfig`), shared by `generate` and `serve`."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests decoded at once")
+    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
+                   help="token rows of one engine step (at least one forward always runs)")
+    g.add_argument("--adaptive-drafts", action="store_true",
+                   help="draft branches per verification shrink as more requests run (tokens never change)")
+    g.add_argument("--draft-rows", type=nonnegative_int, default=256,
+                   help="with --adaptive-drafts: the token rows drafts may use per step")
+
+
+def engine_config_from_args(a: argparse.Namespace, params):
+    """The EngineConfig of `params` with the scheduler flags of `add_engine_args`."""
+    config, _ = params.split()
+    return config.replace(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+                          adaptive_drafts=a.adaptive_drafts, draft_rows=a.draft_rows)
+
+
 def params_from_args(a: argparse.Namespace):
     from specfold.params import DecodeParams
     return DecodeParams(
@@ -131,8 +150,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print("error: give --prompt TEXT, --prompt-ids IDS or --prompt-file FILE (a file with at least one "
               "non-empty line)", file=sys.stderr)
         return EXIT_USAGE
+    config = engine_config_from_args(a, params)
     llm = llm_from_args(a)
-    outs = llm.generate(prompts, params, use_tqdm=len(prompts) > 1 and not a.json)
+    llm.engine_config = config
+    outs = llm.generate(prompts, params.split()[1], use_tqdm=len(prompts) > 1 and not a.json)
     for o in outs:
         if a.json:
             print(json.dumps({"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,
@@ -209,6 +230,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--prompt-file", help="UTF-8 text file, one prompt per line")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt")
     g.add_argument("--quiet-stats", action="store_true", help="stats line to stderr")
+    add_engine_args(g)
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("demo", help="held-out problems through the embedded tiny model")
     d.add_argument("--n", type=positive_int, default=3)

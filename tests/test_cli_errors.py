@@ -332,3 +332,32 @@ def test_extras_table_names_every_package_of_each_extra():
     for name, mods in EXTRAS.items():
         pkgs = {re.split(r"[<>=!~\[ ]", req)[0].lower().replace("-", "_") for req in extras[name]}
         assert pkgs == set(mods), (name, pkgs, mods)
+
+
+@needs_tiny
+def test_generate_scheduler_flags(capsys, monkeypatch):
+    """`generate --max-num-seqs/--max-num-batched-tokens/--adaptive-drafts/--draft-rows` reach the
+    engine; the outputs do not depend on them; a bad value is one line."""
+    import specfold.api as api
+    from specfold.cli import main
+    seen = []
+    real = api.Engine
+
+    def spy(host, config, **kw):
+        seen.append(config)
+        return real(host, config, **kw)
+
+    monkeypatch.setattr(api, "Engine", spy)
+    args = ["generate", "--model", "tiny", "--prompt", "Tom has 3 apples.", "--prompt", "Mia has 5 pens.",
+            "--method", "freedave", "--max-new-tokens", "16", "--json", "--threads", "1"]
+    assert main(args) == 0
+    plain = [json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines()]
+    assert main(args + ["--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--adaptive-drafts",
+                        "--draft-rows", "32"]) == 0
+    limited = [json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines()]
+    assert limited == plain and len(plain) == 2
+    c = seen[-1]
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.adaptive_drafts, c.draft_rows, c.method) == (1, 64, True, 32, "freedave")
+    assert (seen[0].max_num_seqs, seen[0].adaptive_drafts) == (64, False)
+    rc, err = run(capsys, "generate", "--prompt", "x", "--max-num-seqs", "0")
+    assert rc == 2 and "--max-num-seqs" in err

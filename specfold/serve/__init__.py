@@ -24,10 +24,9 @@ def create_app(*args, **kw):
 
 def build_engine(llm, a: argparse.Namespace):
     """The Engine of the CLI's engine flags (method, rule, drafts, graph, δ, backend, limits)."""
-    from specfold.cli import params_from_args
+    from specfold.cli import engine_config_from_args, params_from_args
     from specfold.engine.engine import Engine
-    config, _ = params_from_args(a).split()
-    return Engine(llm, config.replace(max_num_seqs=a.max_num_seqs, max_waiting=a.max_waiting))
+    return Engine(llm, engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting))
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
@@ -48,7 +47,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from specfold.cli import add_decode_args, add_model_args
+    from specfold.cli import add_decode_args, add_engine_args, add_model_args
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)",
                        description="Engine flags are fixed for the server's life; --max-new-tokens and "
                                    "--temperature are the defaults of requests that give none; a request "
@@ -59,7 +58,7 @@ def register(sub) -> None:
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: --model as given)")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="requests decoded at once")
     g.add_argument("--max-waiting", type=int, default=256, help="requests queued beyond those; more get 429")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_args(p)
     p.set_defaults(func=cmd_serve)
