@@ -73,10 +73,6 @@ class DecodeParams:
             raise ParamsError(f"branches must be in [1, 64], got {self.branches}")
         if self.graph_depth is not None and not 1 <= self.graph_depth <= 64:
             raise ParamsError(f"graph_depth must be in [1, 64] (or unset: every node), got {self.graph_depth}")
-        if self.eager and self.method == "specfold":
-            raise ParamsError("eager=True does not combine with method 'specfold': folded verification returns "
-                              "no hidden states for the eager commit; use eager=False, or method 'freedave'/"
-                              "'spiffy' with eager")
 
     def replace(self, **kw) -> "DecodeParams":
         return dataclasses.replace(self, **kw)

@@ -28,6 +28,7 @@ METHODS = {
     "spiffy": dict(method="spiffy", branches=8, graph=MIXED),
     "specfold": dict(method="specfold", drafts="spiffy", branches=8, graph=MIXED, delta=0.0),
     "specfold_chain": dict(method="specfold", drafts="freedave", draft_depth=4, delta=0.0),
+    "specfold_eager": dict(method="specfold", drafts="spiffy", branches=8, graph=MIXED, delta=0.0, eager=True),
 }
 # mixed prompt lengths (inside a block, exactly a block, several blocks)
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40],
@@ -280,8 +281,6 @@ def test_request_params_errors(checkpoint):
         eng.add_request([1, 10_000], SamplingParams())
     with pytest.raises(ParamsError, match="stop strings need a tokenizer"):
         eng.add_request([1, 2], SamplingParams(stop=["a"]))
-    with pytest.raises(ParamsError, match="eager=True does not combine with method 'specfold'"):
-        DecodeParams(method="specfold", eager=True)
     with pytest.raises(ParamsError, match="unknown engine setting.*bogus"):
         LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, **FAMILIES["bc"]), bogus=1)
     assert not eng.has_unfinished()

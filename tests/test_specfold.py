@@ -62,6 +62,34 @@ def test_specfold_delta_zero_is_lossless(checkpoint, drafts, rule, shift):
         assert len(sf.stats.extra["fold_ratio_per_layer"]) == llm.spec.num_layers
 
 
+@pytest.mark.parametrize("shift,rule", [(False, "static"), (False, "sub_block"), (True, "static")])
+def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(checkpoint, shift, rule):
+    """Eager windows with folded verification: vanilla's tokens at δ = 0, blocks committed from the
+    folded verification's hidden states (no commit forward), and the prefix cache equal to vanilla's."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, logits_shift=shift, seed_token=shift, block_size=8,
+                         sub_block_size=4), dtype="float64")
+    base = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=32, early_stop=False)
+    caches, new_cache = [], llm.model.new_cache
+    llm.model.new_cache = lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1]
+    reused = 0
+    try:
+        for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16]):
+            caches.clear()
+            van = llm.generate([prompt], base)[0]
+            sf = llm.generate([prompt], base.replace(method="specfold", drafts="freedave", draft_depth=8,
+                                                     delta=0.0, eager=True))[0]
+            assert sf.token_ids == van.token_ids and sf.stats.nfe <= van.stats.nfe
+            reused += sf.stats.extra.get("commits_reused", 0)
+            a, b = caches
+            n = a.length
+            assert b.length == n
+            assert torch.allclose(a.k[:, :, :n], b.k[:, :, :n], atol=1e-10, rtol=0)
+            assert torch.allclose(a.v[:, :, :n], b.v[:, :, :n], atol=1e-10, rtol=0)
+    finally:
+        llm.model.new_cache = new_cache
+    assert reused > 0
+
+
 def test_tiny_accuracy_at_delta_0_1_within_one_point():
     """On the tiny model's held-out problems SpecFold at δ = 0.1 keeps vanilla's accuracy (±1 point)."""
     import json

@@ -18,6 +18,11 @@ Two entry points:
   (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
   draft position was verified). `verify_many` does not touch the running totals.
 
+Eager windows: `return_hidden` gives every row's hidden states (folded rows: the folded values), so
+an eager commit writes the block's K/V from them. At δ = 0 they are the dense ones; at δ > 0 a block
+committed from a draft branch carries its folded rows' approximation into the prefix cache (the root
+branch always recomputes, so a block committed from the root is exact).
+
 Invariants: the prefix cache is read through zero-copy views; the root branch always recomputes;
 `parents[b]` is branch b's parent inside the batch (-1 for the root); the index structures of a
 verification (`PackPlan`) are built once per call, not per layer; fused q/k/v and gate/up weights
@@ -91,6 +96,7 @@ class FoldStats:
 
 class FoldVerifier:
     name = "fold"
+    returns_hidden = True  # eager commits write K/V from the verification's hidden states
 
     def __init__(self, model: Transformer, delta: float, backend: str = "torch"):
         if delta < 0:
@@ -114,16 +120,20 @@ class FoldVerifier:
 
     # ------------------------------------------------------------------ entry points
     def __call__(self, tokens: torch.Tensor, parents: list[int], positions: torch.Tensor,
-                 cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor) -> torch.Tensor:
+                 cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor,
+                 return_hidden: bool = False):
         """tokens [B, W] (branch 0 = root), parents[b] = parent branch (-1 for the root) ->
-        logits [B, len(out_idx), V] at window indices `out_idx`."""
+        logits [B, len(out_idx), V] at window indices `out_idx` (and, when asked, the hidden states:
+        every layer's input [B, W, d] and the final one, as the dense forward returns them)."""
         if tokens.shape[0] == 1:  # nothing to fold: the plain dense forward
             self.totals.verifications += 1
             self.totals.root_only += 1
-            return self.model(tokens, positions, cache=cache, mask=mask, logits_at=out_idx)
-        res = self.verify_many([Forward(tokens, positions, cache, mask, logits_at=out_idx, parents=list(parents))])
+            return self.model(tokens, positions, cache=cache, mask=mask, logits_at=out_idx,
+                              return_hidden=return_hidden)
+        res = self.verify_many([Forward(tokens, positions, cache, mask, logits_at=out_idx, parents=list(parents),
+                                        return_hidden=return_hidden)])
         self.totals.add(self.last_stats[0])
-        return res[0].logits
+        return (res[0].logits, res[0].hidden) if return_hidden else res[0].logits
 
     def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]:
         """One packed folded pass over the `kind="verify"` forwards of an engine step; per-forward
