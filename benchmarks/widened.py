@@ -80,6 +80,10 @@ def run_width(checkpoint: str, samples, task, args) -> dict:
     for rule, rkw in RULES.items():
         params = {m: DecodeParams(chat_template=True, max_new_tokens=args.max_new_tokens, **rkw, **kw)
                   for m, kw in METHODS.items()}
+        if args.graphs:  # calibrated graphs of a model that ships none: DIR/<resolved rule>.json
+            for m, p in params.items():
+                if p.method in ("spiffy", "specfold") and p.drafts == "spiffy":
+                    params[m] = p.replace(graph=str(Path(args.graphs) / f"{p.resolve(llm.spec).rule}.json"))
         for p in params.values():  # untimed warm-up: one block
             llm.generate([samples[0].prompt], p.replace(max_new_tokens=llm.spec.block_size))
         recs = {m: [] for m in METHODS}
@@ -136,6 +140,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--layers", type=int, default=None, help="depth of the widened models (default: the source's)")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "widened"), help="where widened folders are kept")
+    ap.add_argument("--graphs", default=None, help="folder of Spiffy graphs named <rule>.json (default: the "
+                                                   "shipped graphs of the model's fingerprint)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="write the per-problem records as JSON here")
     args = ap.parse_args(argv)
