@@ -13,6 +13,9 @@ from specfold.models.transformer import Transformer
 SIZES = {
     "base": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=512),
+    # 5.0M parameters (20 MB in float32): more capacity per training token for the `choices` task
+    "large": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=768),
     "micro": dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                   intermediate_size=64),
 }

@@ -92,17 +92,17 @@ def train_tiny(out: str, seed: int = 0, minutes: float | None = None, steps: int
                autocast: bool | None = None, threads: int = 1, save_minutes: float = 3.0,
                export_minutes: float = 10.0, eval_minutes: float = 10.0, eval_problems: int = 40,
                ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "arith",
-               digit_weight: float = 1.0) -> dict:
+               digit_weight: float = 1.0, size: str = "base") -> dict:
     """Train (or resume) the tiny model into `out`; returns the last metrics (see `_train_tiny`)."""
     with fused_attention():
         return _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
                            save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every,
-                           copies, task, digit_weight)
+                           copies, task, digit_weight, size)
 
 
 def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autocast, threads,
                 save_minutes, export_minutes, eval_minutes, eval_problems, ship, log_every, copies, task,
-                digit_weight=1.0):
+                digit_weight=1.0, size="base"):
     """Train (or resume) the tiny model into `out`; returns a summary dict of the last metrics.
 
     Length: `steps` (deterministic) or, without it, `minutes` (the step count is then fixed from the
@@ -111,7 +111,9 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
     torch.set_num_threads(threads)
     outp = Path(out)
     outp.mkdir(parents=True, exist_ok=True)
-    size = "micro" if micro else "base"
+    size = "micro" if micro else size
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r}; accepted: {', '.join(SIZES)}")
     if autocast is None:
         autocast = False
     # --- data and tokenizer (deterministic from the seed)
@@ -142,6 +144,9 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
     ckpt = outp / "ckpt.pt"
     if ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
+        if st["config"]["hidden_size"] != config["hidden_size"] or \
+                st["config"]["num_hidden_layers"] != config["num_hidden_layers"]:
+            raise ValueError(f"{ckpt} holds another model size; pass the --size it was trained with")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         stream.set_state(st["data_state"])
@@ -273,6 +278,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copies", type=int, default=2, help="noisy copies per clean sequence")
     p.add_argument("--task", choices=list(TASKS), default="arith",
                    help="arith: the shipped model's task; choices: worked solutions with choice points")
+    p.add_argument("--size", choices=[k for k in SIZES if k != "micro"], default="base",
+                   help="base: d=192, 4 layers (1.9M parameters); large: d=256, 6 layers (5.0M)")
     p.add_argument("--digit-weight", type=float, default=1.0,
                    help="loss weight of digit targets (the arithmetic's results) against 1 for the others")
     p.add_argument("--save-minutes", type=float, default=3.0)
@@ -289,7 +296,7 @@ def run_args(a: argparse.Namespace) -> int:
                batch_size=a.batch_size, lr=a.lr, warmup=a.warmup, autocast=a.bf16, threads=a.threads, copies=a.copies,
                save_minutes=a.save_minutes, export_minutes=a.export_minutes,
                eval_minutes=a.eval_minutes, eval_problems=a.eval_problems, ship=a.ship, task=a.task,
-               digit_weight=a.digit_weight)
+               digit_weight=a.digit_weight, size=a.size)
     return 0
 
 
