@@ -4,7 +4,8 @@
 # native rule, one thread:
 #   delta:       δ ∈ {0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7}   -> accuracy against tokens/s
 #   branches:    B = 2..8 for Spiffy and SpecFold                      -> tokens/s gain against B
-#   graph depth: D = 1..4 at B = 7 for Spiffy and SpecFold             -> tokens/s gain against D
+#   graph depth: D = 1..4 at B = 7 for Spiffy and SpecFold (graphs calibrated with --max-depth D)
+#                                                                      -> tokens/s gain against D
 # Usage: benchmarks/sweeps.sh [MODEL_DIR] [OUT_DIR] [N_PROBLEMS]
 # Every run compares with vanilla on the same problems in the same process (records and plots in OUT_DIR).
 set -euo pipefail
@@ -19,5 +20,4 @@ $PY -m specfold bench "${common[@]}" --methods vanilla,specfold \
     --sweep delta=0,0.01,0.02,0.05,0.1,0.2,0.3,0.5,0.7 --out "$OUT/delta.jsonl" --plot "$OUT/delta"
 $PY -m specfold bench "${common[@]}" --methods vanilla,spiffy,specfold \
     --sweep branches=2..8 --out "$OUT/branches.jsonl" --plot "$OUT/branches"
-$PY -m specfold bench "${common[@]}" --methods vanilla,spiffy,specfold --branches 7 \
-    --sweep graph_depth=1..4 --out "$OUT/depth.jsonl" --plot "$OUT/depth"
+$PY benchmarks/depth_sweep.py --model "$MODEL" --depths 1,2,3,4 --branches 7 --n "$N" --out "$OUT/depth"

@@ -39,8 +39,9 @@ from specfold.tiny.objective import (Encoder, fused_attention, init_weights, los
 PACKAGE_MODEL_DIR = Path(__file__).resolve().parent / "model"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "heldout.jsonl")
-DEFAULT_STEPS = 2700  # the shipped model's length
-# task name -> problem maker: "arith" (specfold.tiny.data, the shipped model's) or "choices"
+DEFAULT_STEPS = 6400  # the shipped model's length (its schedule: specfold/tiny/README.md)
+# task name -> problem maker: "choices" (specfold.tiny.choices, the shipped model's) or "arith"
+# (specfold.tiny.data, the earlier model's)
 # (specfold.tiny.choices: worked solutions with choice points, see README.md)
 TASKS = {"arith": D.make_problem, "choices": C.make_problem}
 
@@ -91,7 +92,7 @@ def train_tiny(out: str, seed: int = 0, minutes: float | None = None, steps: int
                micro: bool = False, batch_size: int = 32, lr: float = 2e-3, warmup: int = 200,
                autocast: bool | None = None, threads: int = 1, save_minutes: float = 3.0,
                export_minutes: float = 10.0, eval_minutes: float = 10.0, eval_problems: int = 40,
-               ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "arith",
+               ship: bool = False, log_every: int = 20, copies: int = 2, task: str = "choices",
                digit_weight: float = 1.0, size: str = "base") -> dict:
     """Train (or resume) the tiny model into `out`; returns the last metrics (see `_train_tiny`)."""
     with fused_attention():
@@ -276,8 +277,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bf16", action="store_true", help="bf16 autocast (faster on CPUs with bf16 units)")
     p.add_argument("--threads", type=positive_int, default=1)
     p.add_argument("--copies", type=int, default=2, help="noisy copies per clean sequence")
-    p.add_argument("--task", choices=list(TASKS), default="arith",
-                   help="arith: the shipped model's task; choices: worked solutions with choice points")
+    p.add_argument("--task", choices=list(TASKS), default="choices",
+                   help="choices: worked solutions with choice points (the shipped model's task); arith: the "
+                        "earlier model's fixed-template task")
     p.add_argument("--size", choices=[k for k in SIZES if k != "micro"], default="base",
                    help="base: d=192, 4 layers (1.9M parameters); large: d=256, 6 layers (5.0M)")
     p.add_argument("--digit-weight", type=float, default=1.0,

@@ -88,7 +88,8 @@ def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_
 SELECTIONS = ("degree1", "count")
 
 
-def select(counts: Counter, roots: int, branches: int, selection: str = "degree1") -> tuple[list[Node], list[int]]:
+def select(counts: Counter, roots: int, branches: int, selection: str = "degree1",
+           max_depth: int | None = None) -> tuple[list[Node], list[int]]:
     """Greedy among the candidates whose parent is already chosen, by degree-1 accumulation (count +
     parent's count; the default, as Spiffy) or by the count alone (`selection="count"`: the expected
     hits of the node itself)."""
@@ -113,7 +114,8 @@ def select(counts: Counter, roots: int, branches: int, selection: str = "degree1
         frontier += children.get(best, [])
     step = ((0, 0),)  # one argmax position, next in rank
     chain = (step,)
-    while len(chosen) < branches:  # too few patterns seen: complete with a FreeDave chain
+    while len(chosen) < branches and (max_depth is None or len(chain) <= max_depth):
+        # too few patterns seen: complete with a FreeDave chain (no deeper than max_depth)
         if chain not in index:
             index[chain] = len(chosen) + 1
             chosen.append(chain)
@@ -123,25 +125,27 @@ def select(counts: Counter, roots: int, branches: int, selection: str = "degree1
 
 
 def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branches: int = 7,
-              selection: str = "degree1") -> DraftGraph:
+              selection: str = "degree1", max_depth: int = MAX_DEPTH) -> DraftGraph:
     """Replay vanilla decoding of `prompts` (strings or token-id lists) with `params`' rule and return
-    a draft graph of `branches` nodes."""
+    a draft graph of `branches` nodes, none deeper than `max_depth` (a graph of depth D at fixed B)."""
     from specfold.decoding.drafts.spiffy import fingerprint
     if not 1 <= branches <= MAX_NODES:
         raise ParamsError(f"branches must be in [1, {MAX_NODES}], got {branches}")
     if not prompts:
         raise ParamsError("calibration needs at least one prompt")
+    if not 1 <= max_depth <= MAX_DEPTH:
+        raise ParamsError(f"max_depth must be in [1, {MAX_DEPTH}], got {max_depth}")
     params = (params or DecodeParams()).replace(method="vanilla", temperature=0.0)
     dec = llm.decoder(params)
     rec = _Recorder()
     dec.policy = rec
     for pr in prompts:
         dec.run(llm.encode(pr, params))
-    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id)
-    nodes, node_counts = select(counts, roots, branches, selection)
+    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id, max_depth)
+    nodes, node_counts = select(counts, roots, branches, selection, max_depth)
     rp = dec.p
     meta = {"model": fingerprint(llm.spec), "rule": rp.rule, "threshold": rp.threshold, "block_size": rp.block_size,
-            "sub_block_size": rp.sub_block_size, "prompts": len(prompts), "roots": roots, "selection": selection,
+            "sub_block_size": rp.sub_block_size, "prompts": len(prompts), "roots": roots, "selection": selection, "max_depth": max_depth,
             "counts": node_counts, "hit_rate_estimate": [c / roots if roots else 0.0 for c in node_counts]}
     return DraftGraph(nodes, meta)
 
@@ -170,7 +174,7 @@ def _cmd(a: argparse.Namespace) -> int:
     llm = llm_from_args(a)
     params = params_from_args(a)
     prompts = read_prompts(a.prompts)[: a.limit]
-    g = calibrate(llm, prompts, params, a.branches, a.selection)
+    g = calibrate(llm, prompts, params, a.branches, a.selection, a.max_depth)
     g.save(a.out)
     m = g.meta
     print(f"wrote {a.out}: {len(g)} nodes from {m['roots']} roots over {m['prompts']} prompts "
@@ -186,6 +190,8 @@ def register(subparsers) -> None:
     ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
     ap.add_argument("--limit", type=positive_int, default=50, help="prompts used (default 50)")
     ap.add_argument("--out", required=True, help="graph JSON to write")
+    ap.add_argument("--max-depth", type=positive_int, default=MAX_DEPTH,
+                    help=f"deepest node of the graph (default {MAX_DEPTH}): a graph of depth D at fixed branches")
     ap.add_argument("--selection", choices=SELECTIONS, default="degree1",
                     help="node choice: count + parent's count (Spiffy's degree-1 accumulation) or count alone")
     ap.set_defaults(func=_cmd)
