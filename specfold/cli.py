@@ -76,7 +76,7 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--graph", default=None, help="Spiffy draft graph JSON")
     g.add_argument("--graph-depth", type=positive_int, default=None,
                    help="Spiffy/SpecFold: use only the graph's nodes at most this deep (default: all)")
-    g.add_argument("--delta", type=float, default=0.1, help="SpecFold fold threshold")
+    g.add_argument("--delta", type=float, default=0.05, help="SpecFold fold threshold (default 0.05: the sweep in BENCHMARKS.md)")
     g.add_argument("--drafts", default="spiffy", choices=["spiffy", "freedave"], help="SpecFold draft policy")
     g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
 

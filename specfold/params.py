@@ -46,7 +46,7 @@ class DecodeParams:
     branches: int = 7
     graph: object = None  # path to a Spiffy graph JSON or a DraftGraph
     graph_depth: int | None = None  # Spiffy/SpecFold: only the graph's nodes at most this deep (None = all)
-    delta: float = 0.1
+    delta: float = 0.05
     drafts: str = "spiffy"
     backend: str = "torch"
 
@@ -204,7 +204,7 @@ class EngineConfig:
     branches: int = 7
     graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
     graph_depth: int | None = None
-    delta: float = 0.1
+    delta: float = 0.05
     drafts: str = "spiffy"
     backend: str = "torch"
     max_num_seqs: int = 64

@@ -78,14 +78,15 @@ def test_widened_tiny_decodes_held_out_problems_like_tiny(tmp_path):
 
 def test_specfold_bench_runs_on_widened_output(tmp_path, capsys):
     """`specfold bench --model DIR` treats a widened folder like any checkpoint: every method runs and
-    matches vanilla's tokens (the held-out set and Spiffy graph come from the packaged tiny model)."""
+    matches vanilla's tokens, SpecFold at δ = 0 (the held-out set and Spiffy graph come from the packaged
+    tiny model)."""
     from specfold.cli import main
     from specfold.eval.records import load_records
     out = widen_checkpoint("tiny", tmp_path / "w", Shape(224, 576, 6, 2, 4), seed=0, dtype="float64",
                            progress=False)
     rc = main(["bench", "--model", str(out), "--dtype", "float64", "--tasks", "tiny", "--limit", "1",
                "--methods", "vanilla,freedave,spiffy,specfold", "--rule", "static", "--tokens-per-step", "1",
-               "--max-new-tokens", "48", "--warmup", "0", "--no-progress", "--out", str(tmp_path / "b.jsonl")])
+               "--max-new-tokens", "48", "--delta", "0", "--warmup", "0", "--no-progress", "--out", str(tmp_path / "b.jsonl")])
     assert rc == 0, capsys.readouterr().err
     recs = list(load_records(str(tmp_path / "b.jsonl")).values())
     assert {r["method"] for r in recs} == {"vanilla", "freedave", "spiffy", "specfold"}
