@@ -103,8 +103,9 @@ class DraftGraph:
 
     def to_depth(self, depth: int) -> "DraftGraph":
         """The graph of its nodes at most `depth` deep, in the same order (parents first: a node's
-        parent is shallower, so it is kept too). Greedy calibration with a depth limit picks exactly
-        these nodes in this order, so this is the graph of depth `depth` a calibration would give."""
+        parent is shallower, so it is kept too). A greedy calibration limited to `depth` picks these
+        nodes first, in this order, and then shallow nodes this graph never reached; for B nodes of
+        depth <= D calibrate with `specfold calibrate --max-depth D`."""
         keep = [i for i, d in enumerate(self.depths(), start=1) if d <= depth]
         new = {0: 0} | {old: j for j, old in enumerate(keep, start=1)}
         nodes = [Node(new[self.nodes[i - 1].parent], self.nodes[i - 1].pairs) for i in keep]
