@@ -197,3 +197,21 @@ def test_graph_depth_setting(checkpoint):
         make_policy(llm.spec, p.replace(branches=3))
     with pytest.raises(ParamsError, match="graph_depth must be in"):
         DecodeParams(graph_depth=0)
+
+
+def test_calibrate_max_depth(checkpoint):
+    """`calibrate(..., max_depth=D)`: no node deeper than D (the FreeDave completion too), and the
+    greedy picks of depth <= D come first in the unlimited graph as well (`to_depth`)."""
+    from specfold.decoding.drafts.calibrate import calibrate
+    from specfold.errors import ParamsError
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8), dtype="float64")
+    base = DecodeParams(rule="static", max_new_tokens=16, early_stop=False)
+    cal = [[40 + i, 41, 42 + i] for i in range(4)]
+    for d in (1, 2):
+        g = calibrate(llm, cal, base, branches=6, max_depth=d)
+        assert max(g.depths()) <= d and g.meta["max_depth"] == d
+        deep = calibrate(llm, cal, base, branches=24)
+        shallow = deep.to_depth(d).nodes
+        assert g.nodes[: len(shallow)] == shallow[: len(g.nodes)]
+    with pytest.raises(ParamsError, match="max_depth must be in"):
+        calibrate(llm, cal, base, branches=3, max_depth=0)
