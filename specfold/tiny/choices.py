@@ -108,14 +108,7 @@ def sample_facts(rng: random.Random) -> dict:
     """The problem's content: who, what, the start and the two changes (op, amount, verb)."""
     name, pron = rng.choice(NAMES)
     obj = rng.choice(OBJECTS)
-    while True:
-        a = rng.randint(1, MAX_OPERAND)
-        ops = [rng.choice("+-") for _ in range(2)]
-        nums = [rng.randint(1, MAX_OPERAND) for _ in range(2)]
-        v1 = a + nums[0] if ops[0] == "+" else a - nums[0]
-        v2 = v1 + nums[1] if ops[1] == "+" else v1 - nums[1]
-        if 0 <= v1 <= MAX_VALUE and 0 <= v2 <= MAX_VALUE:
-            break
+    a, ops, nums, _ = D.draw_numbers(rng, MAX_OPERAND, MAX_VALUE)
     verbs = [rng.choice(ADD_VERBS if op == "+" else SUB_VERBS) for op in ops]
     return {"name": name, "pron": pron, "obj": obj, "start": a,
             "changes": [[op, n, verb] for op, n, verb in zip(ops, nums, verbs)]}

@@ -40,19 +40,27 @@ MAX_OPERAND = 10
 HELDOUT_SIZE = 500
 
 
-def make_problem(rng: random.Random) -> dict:
-    name, pron = rng.choice(NAMES)
-    obj = rng.choice(OBJECTS)
+def draw_numbers(rng: random.Random, max_operand: int = MAX_OPERAND,
+                 max_value: int = 3 * MAX_OPERAND) -> tuple[int, list[str], list[int], list[int]]:
+    """The start a and two changes (op, amount), operands 1..max_operand, drawn again until every
+    running total is in 0..max_value -> (a, ops, amounts, running totals). Both tasks draw their
+    numbers here (the same draws from `rng`, so their seeded streams are unchanged)."""
     while True:
-        a = rng.randint(1, MAX_OPERAND)
+        a = rng.randint(1, max_operand)
         ops = [rng.choice("+-") for _ in range(2)]
-        nums = [rng.randint(1, MAX_OPERAND) for _ in range(2)]
+        nums = [rng.randint(1, max_operand) for _ in range(2)]
         vals, v = [], a
         for op, n in zip(ops, nums):
             v = v + n if op == "+" else v - n
             vals.append(v)
-        if min(vals) >= 0:
-            break
+        if all(0 <= x <= max_value for x in vals):
+            return a, ops, nums, vals
+
+
+def make_problem(rng: random.Random) -> dict:
+    name, pron = rng.choice(NAMES)
+    obj = rng.choice(OBJECTS)
+    a, ops, nums, vals = draw_numbers(rng)
     Pron = pron.capitalize()
     q_parts, a_parts = [f"{name} has {a} {obj}."], [f"{name} has {a} {obj}."]
     prev = a
