@@ -16,7 +16,9 @@ means folding costs exactly what it computes). `floor` = the dense layer run on 
 recomputes (one branch of R = root + unfolded draft rows), over the dense layer: what the recomputed
 rows cost at this width on this machine when GEMMs get fewer rows (small GEMMs are less efficient
 per row than the 256-row ones, so `floor` >= `bound`). `--baseline REV` adds the fold_layer of git revision
-REV, timed in the same interleaved loop (`old ms`).
+REV, timed in the same interleaved loop (`old ms`). `in-stack` = the same layer as it runs inside a
+verification: the PackPlan built once per verification and the QKV rows handed on by the layer
+before (its post-attention gate), so the layer makes one gate and one sync, not two.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py [--baseline 45c5eb5]
 """
@@ -24,6 +26,7 @@ REV, timed in the same interleaved loop (`old ms`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -33,6 +36,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from specfold.kernels import get_backend  # noqa: E402
+from specfold.kernels.fold_pack import PackPlan, Segment, packed_fold_layer  # noqa: E402
 from specfold.kernels.fold_torch import LayerWeights, dense_layer, fold_layer  # noqa: E402
 
 WIDTHS = {
@@ -117,8 +122,8 @@ def main() -> None:
           f"N={args.N}, P={args.prefix}, delta={args.delta}, reps={args.reps} (median, interleaved)")
     print(f"baseline {args.baseline or '-'}; clock {'wall (synchronised)' if dev.type == 'cuda' else 'thread CPU time'}")
     print("| width | target | fold | ffn fold | dense ms | fold ms | old ms | fold/dense | old/dense | bound "
-          "| fold/bound | floor | fold/floor | max abs diff vs dense |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| fold/bound | floor | fold/floor | in-stack ms | in-stack/bound | max abs diff vs dense |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.widths.split(","):
         c = WIDTHS[name]
         g = torch.Generator().manual_seed(0)
@@ -134,9 +139,10 @@ def main() -> None:
         cos, sin, pk, pv = cos.to(dev), sin.to(dev), pk.to(dev), pv.to(dev)
         mask = torch.ones(N, N, dtype=torch.bool, device=dev)
         par = torch.tensor(PAR, device=dev)
+        be = get_backend(args.backend)
         fold = lambda H: fold_layer(H, par, w, cos, sin, pk, pv, mask, args.delta, scale, backend=args.backend)  # noqa: E731
         scale = 1 / math.sqrt(D)
-        old_w = None if old_fold is None else OldWeights(**{f: getattr(w, f) for f in OldWeights.__dataclass_fields__})
+        old_w = None if old_fold is None else OldWeights(**{f.name: getattr(w, f.name) for f in dataclasses.fields(OldWeights) if f.init})
         B = len(PAR) - 1
         for ratio in (float(x) for x in args.ratios.split(",")):
             H = make_hidden(g, N, c["d"], ratio).to(dev)
@@ -147,20 +153,24 @@ def main() -> None:
                 Hr = H.reshape(1, -1, H.shape[-1])[:, :R]
                 cr, sr = cos.repeat(len(PAR), 1)[:R], sin.repeat(len(PAR), 1)[:R]
                 mr = torch.ones(R, R, dtype=torch.bool, device=dev)
+                plan = PackPlan([Segment(len(PAR), N, PAR, None)], [cos], [sin], dev)
+                X = H.reshape(-1, H.shape[-1])
+                carried = plan.select(plan.gate(X, args.delta))  # what the layer before hands on
                 fns = [lambda: dense_layer(H, w, cos, sin, pk, pv, mask, scale), lambda: fold(H),
-                       lambda: dense_layer(Hr, w, cr, sr, pk, pv, mr, scale)]
+                       lambda: dense_layer(Hr, w, cr, sr, pk, pv, mr, scale),
+                       lambda: packed_fold_layer(X, plan, w, [(pk, pv)], args.delta, scale, be, qkv=carried)]
                 if old_fold is not None:
                     fns.append(lambda: old_fold(H, par, old_w, cos, sin, pk, pv, mask, args.delta, scale,
                                                 backend=args.backend))
                 ts = timed(fns, args.reps, sync, clock)
-            t_dense, t_fold, t_rows = ts[0], ts[1], ts[2]
-            t_old = ts[3] if len(ts) > 3 else float("nan")
+            t_dense, t_fold, t_rows, t_stack = ts[:4]
+            t_old = ts[4] if len(ts) > 4 else float("nan")
             err = (fold_out - dense_out).abs().max().item()
             bound = (1 + B * (1 - st.fold_ratio)) / (B + 1)
             print(f"| {name} | {ratio:.1f} | {st.fold_ratio:.2f} | {st.ffn_fold_ratio:.2f} | {t_dense * 1e3:.1f} | "
                   f"{t_fold * 1e3:.1f} | {t_old * 1e3:.1f} | {t_fold / t_dense:.2f} | {t_old / t_dense:.2f} | "
                   f"{bound:.2f} | {t_fold / t_dense / bound:.2f} | {t_rows / t_dense:.2f} | {t_fold / t_rows:.2f} | "
-                  f"{err:.1e} |", flush=True)
+                  f"{t_stack * 1e3:.1f} | {t_stack / t_dense / bound:.2f} | {err:.1e} |", flush=True)
         del w
 
 

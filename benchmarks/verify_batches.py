@@ -45,11 +45,21 @@ class _Recorder:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def __call__(self, tokens, parents, positions, cache, mask, out_idx, **kw):
+    def _keep(self, tokens, parents, positions, cache, mask, out_idx) -> None:
         if len(self.out) < self.limit:
             self.out.append(Batch(tokens.clone(), list(parents), positions.clone(), _copy_cache(cache),
                                   None if mask is None else mask.clone(), out_idx.clone()))
+
+    def __call__(self, tokens, parents, positions, cache, mask, out_idx, **kw):
+        self._keep(tokens, parents, positions, cache, mask, out_idx)
         return self.inner(tokens, parents, positions, cache, mask, out_idx, **kw)
+
+    def verify_many(self, forwards):
+        """The engine's entry point (one step's verification forwards): each kept as a batch."""
+        for f in forwards:
+            at = f.logits_at if f.logits_at is not None else torch.arange(f.tokens.shape[1])
+            self._keep(f.tokens, f.parents or [-1], f.positions, f.cache, f.mask, at)
+        return self.inner.verify_many(forwards)
 
 
 def record(llm, prompts: list, params, limit: int = 10_000) -> list[Batch]:

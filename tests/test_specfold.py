@@ -156,10 +156,10 @@ def _forwards(m, M: int, attention: str):
 @pytest.mark.parametrize("delta", [0.0, 0.3])
 @pytest.mark.parametrize("correct", [False, True])
 def test_verify_many_equals_each_forward_alone(checkpoint, monkeypatch, kind, attention, delta, correct):
-    """Both attention paths for folded rows: direct (short prefixes) and the streaming correction."""
+    """Both attention paths for folded rows on torch: inherited prefix state and the correction."""
     from specfold.kernels import fold_pack
 
-    monkeypatch.setattr(fold_pack, "CORRECTION_MIN_MACS", 0 if correct else float("inf"))
+    monkeypatch.setattr(fold_pack, "TORCH_CORRECTS", correct)
     llm = LLM(checkpoint(kind, attention=attention), dtype="float64")
     m = llm.model
     fwds = _forwards(m, llm.spec.mask_token_id, attention)
@@ -227,3 +227,26 @@ def test_root_only_is_the_dense_forward_and_fold_ratio_undefined(checkpoint):
     L = llm.spec.num_layers
     excl = sum(fv.totals.folded[1:]) / sum(fv.totals.positions[1:])
     assert rep["fold_ratio_excl_layer0"] == pytest.approx(excl) and L > 1
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.3])
+def test_one_host_sync_per_layer(checkpoint, monkeypatch, delta):
+    """A verification reads recomputed-row counts once per layer (its post-attention gate, which
+    also decides the next layer's QKV rows) plus once for the embeddings: L + 1 syncs, not 2 L."""
+    from specfold.kernels import fold_pack
+
+    calls = []
+    select = fold_pack.PackPlan.select
+    monkeypatch.setattr(fold_pack.PackPlan, "select", lambda self, rec: calls.append(1) or select(self, rec))
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    toks, parents = _batch(llm.spec.mask_token_id)
+    pos, out = torch.arange(8), torch.arange(3, 8)
+    fv = FoldVerifier(m, delta)
+    with torch.inference_mode():
+        folded = fv(toks, parents, pos, None, None, out)
+        dense = DenseVerifier(m)(toks, parents, pos, None, None, out)
+    assert len(calls) == llm.spec.num_layers + 1 and llm.spec.num_layers > 1
+    assert sum(fv.totals.folded) > 0
+    if delta == 0.0:
+        assert (folded - dense).abs().max().item() <= 1e-10

@@ -6,18 +6,26 @@ hidden state of the whole verification is ``X [T, d]`` with ``T = sum(B1_s * N_s
 
 ``PackPlan`` is built once per verification (never per layer): the draft rows and their parent rows
 (the gate), the fold-chain ancestors of every row (source resolution), RoPE tables per row, and
-each segment's bounds. Per layer, ``packed_fold_layer``:
+each segment's bounds.
 
-1. gates every draft row against its parent row (rho <= delta folds; roots always recompute);
-2. compacts the recomputed rows (one host sync: the per-segment counts, read as one list);
-3. resolves each row's source (nearest recomputed ancestor in its own forward's branch tree);
-4. runs norm + fused q/k/v + RoPE on the packed recomputed rows of all forwards at once;
-5. per segment: dense attention if the segment recomputes every row, else the backend's
+Gate points. A gate compares every draft row with its parent row (rho <= delta folds; roots always
+recompute) and compacts the result into a ``RowSet`` (packed recomputed rows, folded rows, each
+row's source = nearest recomputed ancestor in its own forward's branch tree). Compacting reads the
+per-segment counts in one list: one host sync per gate point. There is one gate point per layer,
+on the post-attention residual: it decides which rows recompute this layer's FFN *and* the next
+layer's q/k/v (the residual a row adds its source's FFN output to differs from its parent's by
+exactly the post-attention difference, so the decision carries); only layer 0 also gates its input
+(the embeddings). A verification of L layers makes L + 1 syncs.
+
+Per layer, ``packed_fold_layer``:
+
+1. (layer 0 only) gates the input;
+2. runs norm + fused q/k/v + RoPE on the packed recomputed rows of all forwards at once;
+3. per segment: dense attention if the segment recomputes every row, else the backend's
    ``streaming_attention`` on its recomputed rows and ``folded_correction`` on its folded rows,
    against the segment's own prefix and window mask;
-6. ``o_proj`` on all rows, then the FFN re-gate on the post-attention residual (a second sync, only
-   if some row folded at the QKV gate: otherwise every row recomputes its FFN), the packed FFN of
-   all forwards at once, and every row adds its source row's FFN output to its own residual.
+4. ``o_proj`` on all rows, then the gate on the post-attention residual, the packed FFN of all
+   forwards at once, and every row adds its source row's FFN output to its own residual.
 
 Invariants.
 - Folding never crosses forwards: parents, ancestors and sources of a row are rows of its own
@@ -25,7 +33,9 @@ Invariants.
 - A layer where nothing folds runs the dense computation on all rows (no gathers, no correction).
 - Gate, compaction and source resolution are flat index ops over all segments (both backends); the
   backend's kernels do the heavy pieces (QKV, attention, correction, FFN) with the twin signatures.
-- delta = 0 folds only bit-identical rows, so the result equals dense verification up to rounding.
+- delta = 0 folds only bit-identical rows, so the result equals dense verification up to rounding:
+  a row whose post-attention residual equals its parent's bit for bit gets the same FFN output and
+  so the same next-layer input, whose q/k/v it then inherits.
 """
 from __future__ import annotations
 
@@ -36,7 +46,7 @@ import torch
 from torch import Tensor
 
 from specfold.kernels.fold_torch import (
-    GATE_EPS, LayerFoldStats, LayerWeights, check_par, dense_attention, fused_qkv_rope,
+    GATE_EPS, LayerFoldStats, LayerWeights, check_par, dense_attention, fused_qkv_rope, inherit_attention,
     rms_norm,
 )
 
@@ -93,6 +103,7 @@ class PackPlan:
         self.sin = torch.cat([c.repeat(s.B1, 1) for c, s in zip(sin, segments)])
         self.last = torch.tensor([s.offset + s.size - 1 for s in segments], dtype=torch.long, device=device)
         self.has_drafts = bool(dr)
+        self.syncs = 0  # host syncs made by select (one per gate point)
 
     # ------------------------------------------------------------------ per-layer index ops
     def gate(self, X: Tensor, delta: float) -> Tensor:
@@ -101,36 +112,65 @@ class PackPlan:
         if not self.has_drafts:
             return rec
         acc = torch.promote_types(X.dtype, torch.float32)
-        par = X[self.parent_rows].to(acc)
-        num = torch.linalg.vector_norm(X[self.draft_rows].to(acc) - par, dim=-1)
+        par = X.index_select(0, self.parent_rows).to(acc)
+        num = torch.linalg.vector_norm(X.index_select(0, self.draft_rows).to(acc) - par, dim=-1)
         den = torch.linalg.vector_norm(par, dim=-1).clamp_min(GATE_EPS)
         rec[self.draft_rows] = num / den > delta
         return rec
 
-    def compact(self, rec: Tensor) -> tuple[Tensor, Tensor, Tensor, list[int]]:
-        """rec [T] -> rows [R], folded [T-R] (flat ids, increasing), row_of [T] (-1 if folded),
-        cumulative recomputed count at each segment end (python ints: the one host sync)."""
+    def select(self, rec: Tensor) -> "RowSet":
+        """rec [T] -> its RowSet: packed rows, folded rows, sources. Reads the per-segment counts
+        (python ints) in one list: the host sync of a gate point, the only one it makes."""
+        self.syncs += 1
         cs = rec.cumsum(0)
         ends = cs[self.last].tolist()
         R = ends[-1]
         if R == self.T:
-            rows = torch.arange(self.T, device=rec.device)
-            return rows, rows[:0], rows, ends
+            return self.everything(rec.device)
         rows = _nonzero(rec, R)
         folded = _nonzero(~rec, self.T - R)
         row_of = torch.where(rec, cs - 1, torch.full_like(cs, -1))
-        return rows, folded, row_of, ends
+        return RowSet(rows, folded, row_of, ends, self._resolve(rec))
 
-    def resolve(self, rec: Tensor) -> Tensor:
+    def everything(self, device: torch.device) -> "RowSet":
+        """The RowSet where every row recomputes (no gate, no sync)."""
+        rows = torch.arange(self.T, device=device)
+        return RowSet(rows, rows[:0], rows, [s.offset + s.size for s in self.segments], rows)
+
+    def _resolve(self, rec: Tensor) -> Tensor:
         """rec [T] -> src [T]: flat row of the nearest recomputed ancestor (self if recomputed)."""
         if self.anc.shape[1] == 1:
             return torch.arange(self.T, device=rec.device)
         first = rec[self.anc].to(torch.uint8).argmax(1, keepdim=True)
         return self.anc.gather(1, first).squeeze(1)
 
-    def segment_stats(self, ends: list[int]) -> list[int]:
-        """Recomputed rows per segment from the cumulative counts."""
-        return [e - b for e, b in zip(ends, [0] + ends[:-1])]
+
+@dataclass(slots=True)
+class RowSet:
+    """The rows that recompute at one gate point, compacted (flat ids over all segments).
+
+    rows [R] and folded [T-R] increasing; row_of [T] = packed id of a recomputed row, -1 if folded;
+    ends = cumulative recomputed count at each segment's end (python ints); src [T] = nearest
+    recomputed ancestor of every row (itself if recomputed); kv_row = row_of[src], the packed row
+    whose q/k/v (or FFN output) each row uses."""
+
+    rows: Tensor
+    folded: Tensor
+    row_of: Tensor
+    ends: list[int]
+    src: Tensor
+
+    @property
+    def complete(self) -> bool:
+        return self.folded.numel() == 0
+
+    @property
+    def kv_row(self) -> Tensor:
+        return self.row_of[self.src]
+
+    def per_segment(self) -> list[int]:
+        """Recomputed rows per segment."""
+        return [e - b for e, b in zip(self.ends, [0] + self.ends[:-1])]
 
 
 def _nonzero(mask: Tensor, count: int) -> Tensor:
@@ -139,61 +179,65 @@ def _nonzero(mask: Tensor, count: int) -> Tensor:
     return mask.nonzero().squeeze(1)
 
 
-def _qkv_all(X: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Norm + fused q/k/v + RoPE on every row of X [T, d] (the dense path)."""
-    return fused_qkv_rope(rms_norm(X, w.input_norm_w, w.eps), w, cos, sin)
-
-
 def _ffn_all(X: Tensor, w: LayerWeights) -> Tensor:
     x = rms_norm(X, w.post_norm_w, w.eps)
     gu = x @ w.fused_gate_up().t()
     F = w.w_gate.shape[0]
-    return (torch.nn.functional.silu(gu[:, :F]) * gu[:, F:]) @ w.w_down.t()
+    return torch.nn.functional.silu(gu[:, :F]).mul_(gu[:, F:]) @ w.w_down.t()
 
 
 def packed_fold_layer(
     X: Tensor, plan: PackPlan, w: LayerWeights, prefixes: list[tuple[Tensor, Tensor]], delta: float,
-    scale: float, be: ModuleType, ffn_gate: bool = True,
-) -> tuple[Tensor, list[LayerFoldStats]]:
-    """One decoder layer over the packed rows of every segment -> X_out [T, d], stats per segment.
+    scale: float, be: ModuleType, qkv: RowSet | None = None, ffn_gate: bool = True,
+) -> tuple[Tensor, list[LayerFoldStats], RowSet | None]:
+    """One decoder layer over the packed rows of every segment -> X_out [T, d], stats per segment,
+    and the RowSet of its post-attention gate (the next layer's ``qkv``; None without ``ffn_gate``).
 
-    ``prefixes[s]`` = (K, V) [Hkv, P_s, D] of segment s's prefix cache at this layer.
+    ``prefixes[s]`` = (K, V) [Hkv, P_s, D] of segment s's prefix cache at this layer. ``qkv``: the
+    rows that recompute q/k/v here, carried from the previous layer's post-attention gate; None gates
+    X itself (layer 0, or a layer on its own: one more sync).
     """
-    T = plan.T
-    Hq, D = w.num_heads, w.head_dim
-    rec = plan.gate(X, delta)
-    rows, folded, row_of, ends = plan.compact(rec)
-    R = ends[-1]
-    per_seg = plan.segment_stats(ends)
-    if R == T:
-        q, k, v = _qkv_all(X, w, plan.cos, plan.sin)
+    if qkv is None:
+        qkv = plan.select(plan.gate(X, delta))
+    attn = _attention(X, plan, w, prefixes, scale, be, qkv)
+    X_mid = torch.addmm(X, attn, w.wo.t())
+    ffn = plan.select(plan.gate(X_mid, delta)) if ffn_gate else qkv
+    if ffn.complete:
+        X_out = X_mid + _ffn_all(X_mid, w)
+    else:
+        X_out = X_mid + be.packed_ffn(X_mid[None], ffn.rows, w).index_select(0, ffn.kv_row)
+    stats = [LayerFoldStats(s.size - r, s.size - s.N, r, s.size - r2)
+             for s, r, r2 in zip(plan.segments, qkv.per_segment(), ffn.per_segment())]
+    return X_out, stats, (ffn if ffn_gate else None)
+
+
+def _attention(X: Tensor, plan: PackPlan, w: LayerWeights, prefixes: list[tuple[Tensor, Tensor]],
+               scale: float, be: ModuleType, qkv: RowSet) -> Tensor:
+    """Norm + QKV on the recomputed rows, attention of every row (folded rows: inherited q/k/v,
+    their own branch's K/V) -> [T, Hq*D]."""
+    T, Hq, D = plan.T, w.num_heads, w.head_dim
+    if qkv.complete:
+        q, k, v = fused_qkv_rope(rms_norm(X, w.input_norm_w, w.eps), w, plan.cos, plan.sin)
         parts = [dense_attention(q[s.offset: s.offset + s.size].view(s.B1, s.N, Hq, D),
                                  k[s.offset: s.offset + s.size].view(s.B1, s.N, -1, D),
                                  v[s.offset: s.offset + s.size].view(s.B1, s.N, -1, D), *pre, s.mask,
                                  scale).view(s.size, Hq * D)
                  for s, pre in zip(plan.segments, prefixes)]
-        attn = parts[0] if len(parts) == 1 else torch.cat(parts)
-        X_mid = X + attn @ w.wo.t()
-        X_out = X_mid + _ffn_all(X_mid, w)
-        return X_out, [LayerFoldStats(0, s.size - s.N, s.size, 0) for s in plan.segments]
-    src = plan.resolve(rec)
-    kv_row = row_of[src]                                                          # [T] packed ids
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+    rows, folded, src, kv_row = qkv.rows, qkv.folded, qkv.src, qkv.kv_row        # kv_row: [T] packed ids
     q, k, v = be.packed_norm_qkv_rope(X[None], rows, w, plan.cos, plan.sin)
     attn = X.new_empty(T, Hq, D)
     r0 = 0
-    for s, (pk, pv), n_rec in zip(plan.segments, prefixes, per_seg):
+    for s, (pk, pv), n_rec in zip(plan.segments, prefixes, qkv.per_segment()):
         t0, t1, r1 = s.offset, s.offset + s.size, r0 + n_rec
         qs, ks, vs = q[r0:r1], k[r0:r1], v[r0:r1]
         if n_rec == s.size:                                                        # nothing folded here
             attn[t0:t1] = dense_attention(qs.view(s.B1, s.N, Hq, D), ks.view(s.B1, s.N, -1, D),
                                           vs.view(s.B1, s.N, -1, D), pk, pv, s.mask, scale).view(s.size, Hq, D)
-        elif not _use_correction(be, s.size - n_rec, pk.shape[1], Hq * D):
-            # short prefix: every row's attention directly, folded rows with their source's q over
-            # their own branch's K/V (the same result as the correction, in fewer, larger ops)
-            flat = kv_row[t0:t1] - r0
-            attn[t0:t1] = dense_attention(qs[flat].view(s.B1, s.N, Hq, D), ks[flat].view(s.B1, s.N, -1, D),
-                                          vs[flat].view(s.B1, s.N, -1, D), pk, pv, s.mask,
-                                          scale).view(s.size, Hq, D)
+        elif not _use_correction(be):
+            # every row's attention in the window layout, the prefix part once per recomputed row
+            attn[t0:t1] = inherit_attention(qs, ks, vs, (kv_row[t0:t1] - r0).view(s.B1, s.N), pk, pv, s.mask,
+                                            scale).view(s.size, Hq, D)
         else:
             mask = s.mask if s.mask is not None else _full_mask(s.N, X.device)
             rows_s = rows[r0:r1] - t0
@@ -206,34 +250,18 @@ def packed_fold_layer(
             Of, _mf, Zf = be.folded_correction(qs, ks, vs, O, m, Z, fs - t0, src_b, kvr, mask, scale)
             attn[fs] = (Of / Zf[..., None]).to(X.dtype)
         r0 = r1
-    X_mid = X + attn.view(T, Hq * D) @ w.wo.t()
-    if ffn_gate:
-        rec2 = plan.gate(X_mid, delta) | rec
-        rows2, _f2, row_of2, ends2 = plan.compact(rec2)
-        per_seg2 = plan.segment_stats(ends2)
-        if ends2[-1] == T:
-            X_out = X_mid + _ffn_all(X_mid, w)
-        else:
-            ffn = be.packed_ffn(X_mid[None], rows2, w)
-            X_out = X_mid + ffn[row_of2[plan.resolve(rec2)]]
-    else:
-        per_seg2 = per_seg
-        X_out = X_mid + be.packed_ffn(X_mid[None], rows, w)[kv_row]
-    return X_out, [LayerFoldStats(s.size - r, s.size - s.N, r, s.size - r2)
-                   for s, r, r2 in zip(plan.segments, per_seg, per_seg2)]
+    return attn.view(T, Hq * D)
 
 
-# The torch backend computes folded rows' attention directly (dense over the row's own branch, with
-# the inherited q) unless the prefix work the correction saves, folded rows x prefix x Hq*D
-# multiply-adds, exceeds this; below it the correction's extra small ops cost more than they save
-# on a CPU. The triton backend always corrects. `fold_pack.CORRECTION_MIN_MACS = 0` forces it.
-CORRECTION_MIN_MACS = 5_000_000
+# Folded rows' attention: the triton backend starts from the source's streaming state and corrects
+# it (SPEC §6). The torch backend reuses the source's prefix state and computes the window part of
+# every row directly (`inherit_attention`: the same result, with fewer and larger ops on a CPU);
+# `TORCH_CORRECTS = True` makes it run the correction twins instead (tests check both paths).
+TORCH_CORRECTS = False
 
 
-def _use_correction(be: ModuleType, folded: int, prefix: int, width: int) -> bool:
-    if be.__name__.endswith("fold_triton"):
-        return True
-    return folded * prefix * width >= CORRECTION_MIN_MACS
+def _use_correction(be: ModuleType) -> bool:
+    return be.__name__.endswith("fold_triton") or TORCH_CORRECTS
 
 
 _MASKS: dict = {}
@@ -254,8 +282,9 @@ def fold_layer_one(
     B1, N, d = H.shape
     mask = None if bool(window_mask.all()) else window_mask
     plan = PackPlan([Segment(B1, N, [int(x) for x in par.tolist()], mask)], [cos], [sin], H.device)
-    out, st = packed_fold_layer(H.reshape(B1 * N, d), plan, w, [(prefix_k, prefix_v)], delta, scale, be, ffn_gate)
+    out, st, _ = packed_fold_layer(H.reshape(B1 * N, d), plan, w, [(prefix_k, prefix_v)], delta, scale, be,
+                                   ffn_gate=ffn_gate)
     return out.view(B1, N, d), st[0]
 
 
-__all__ = ["PackPlan", "Segment", "packed_fold_layer", "fold_layer_one"]
+__all__ = ["PackPlan", "RowSet", "Segment", "packed_fold_layer", "fold_layer_one"]

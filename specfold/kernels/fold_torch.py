@@ -29,9 +29,9 @@ Invariants.
   in practice).
 - Residual streams are never copied between branches: every row adds its own (possibly corrected)
   attention output and its FFN source row's FFN output to its own hidden state.
-- The FFN is inherited only by rows that also pass the gate on the post-attention residual
+- The FFN is inherited only by rows that pass the gate on the post-attention residual
   (``ffn_gate``, see ``fold_layer``): a folded row's attention output differs from its source's
-  whenever the branch's window K/V differ, so inheriting the FFN unconditionally is not exact.
+  whenever the branch's window K/V differ, so inheriting the FFN with the QKV decision is not exact.
 - delta = 0 folds only rows that are bit-identical to their parent's; their q/k/v and FFN output are
   then identical to what recomputation would give, so fold_layer(delta=0) == dense_layer up to float
   rounding (with the default ffn_gate=True) (the correction subtracts and re-adds terms, which is exact in exact arithmetic).
@@ -161,7 +161,7 @@ class LayerFoldStats:
     folded: int            # folded draft positions
     draft_positions: int   # B * N
     recomputed_rows: int   # packed rows that ran QKV (includes the N rows of branch 0)
-    ffn_folded: int        # draft positions that inherited their FFN output (<= folded)
+    ffn_folded: int        # draft positions that inherited their FFN output (post-attention gate)
 
     @property
     def fold_ratio(self) -> float | None:
@@ -293,7 +293,7 @@ def packed_norm_qkv_rope(
     One GEMM with the fused [wq; wk; wv] (``LayerWeights.fused_qkv``).
     """
     N = H.shape[1]
-    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.input_norm_w, w.eps)     # [R, d]
+    x = rms_norm(H.reshape(-1, H.shape[-1]).index_select(0, rows), w.input_norm_w, w.eps)  # [R, d]
     pos = rows % N
     c, s = cos[pos], sin[pos]                                                  # [R, D]
     return fused_qkv_rope(x, w, c, s)
@@ -403,10 +403,10 @@ def folded_correction(
 def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
     """H [B1, N, d] (after attention), rows [R] -> FFN output [R, d]:
     down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w (one GEMM for gate and up)."""
-    x = rms_norm(H.reshape(-1, H.shape[-1])[rows], w.post_norm_w, w.eps)
+    x = rms_norm(H.reshape(-1, H.shape[-1]).index_select(0, rows), w.post_norm_w, w.eps)
     gu = x @ w.fused_gate_up().t()
     F = w.w_gate.shape[0]
-    return (torch.nn.functional.silu(gu[:, :F]) * gu[:, F:]) @ w.w_down.t()
+    return torch.nn.functional.silu(gu[:, :F]).mul_(gu[:, F:]) @ w.w_down.t()
 
 
 def dense_attention(
@@ -435,6 +435,59 @@ def dense_attention(
     return out.view(B1, Hkv, G, N, D).permute(0, 3, 1, 2, 4).reshape(B1, N, Hq * D)
 
 
+def inherit_attention(
+    q: Tensor, k: Tensor, v: Tensor, kv_row: Tensor, prefix_k: Tensor, prefix_v: Tensor,
+    mask: Tensor | None, scale: float,
+) -> Tensor:
+    """Attention of every row of one forward, folded rows included (the torch backend's path).
+
+    q [R, Hq, D], k/v [R, Hkv, D] (the forward's packed recomputed rows), kv_row [B1, N] (packed row
+    each (i, n) takes q/k/v from: itself if recomputed, its source if folded), prefix_k/v [Hkv, P, D],
+    mask [N, N] bool or None -> [B1 * N, Hq * D] (flat rows i * N + n).
+    Row (i, n) attends with q of kv_row[i, n] to the prefix and to branch i's window keys
+    kv_row[i, j] (mask[n, j]). The prefix part of a softmax depends only on q, so its state
+    (m_p, Z_p, O_p) is computed once per recomputed row and read by every row using that q; the
+    window part of every row is one batched GEMM over the branches; the two states merge exactly
+    (the same result as streaming_attention + folded_correction, without the correction's GEMMs).
+    """
+    dt = q.dtype
+    if dt in (torch.float16, torch.bfloat16):
+        q, k, v, prefix_k, prefix_v = (x.float() for x in (q, k, v, prefix_k, prefix_v))
+    R, Hq, D = q.shape
+    Hkv = k.shape[1]
+    G, (B1, N), P = Hq // Hkv, kv_row.shape, prefix_k.shape[1]
+    flat = kv_row.reshape(-1)
+    qg = q.index_select(0, flat).view(B1, N, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B1, Hkv, G * N, D)
+    kb = k.index_select(0, flat).view(B1, N, Hkv, D).permute(0, 2, 3, 1)               # [B1, Hkv, D, N]
+    vb = v.index_select(0, flat).view(B1, N, Hkv, D).permute(0, 2, 1, 3)               # [B1, Hkv, N, D]
+    sw = torch.matmul(qg, kb).mul_(scale)                                               # [B1, Hkv, G*N, N]
+    if mask is not None:
+        sw = sw.view(B1, Hkv, G, N, N).masked_fill_(~mask, -math.inf).view(B1, Hkv, G * N, N)
+    m = sw.amax(-1)                                                                     # [B1, Hkv, G*N]
+    if P:
+        sp = torch.matmul(_by_kv_head(q.view(R, Hkv, G, D)), prefix_k.transpose(1, 2)).mul_(scale)
+        mp = sp.amax(-1, keepdim=True)                                                  # [Hkv, R*G, 1]
+        pp = sp.sub_(mp).exp_()
+        Zp, Op = pp.sum(-1, keepdim=True), torch.matmul(pp, prefix_v)                   # per recomputed row
+
+        def per_row(x: Tensor) -> Tensor:  # [Hkv, R*G, X] -> every (i, n) in the window layout
+            X = x.shape[-1]
+            x = x.reshape(Hkv, R, G * X).index_select(1, flat).view(Hkv, B1, N, G, X)
+            return x.permute(1, 0, 3, 2, 4).reshape(B1, Hkv, G * N, X)
+
+        mp_w, Zp_w, Op_w = per_row(mp)[..., 0], per_row(Zp)[..., 0], per_row(Op)
+        m = torch.maximum(m, mp_w)
+    ms = _safe_max(m)
+    e = (sw - ms[..., None]).exp_()
+    Z, O = e.sum(-1), torch.matmul(e, vb)                                               # [B1, Hkv, G*N(, D)]
+    if P:
+        a = (mp_w - ms).exp_()
+        Z = Z.add_(Zp_w * a)
+        O = O.add_(Op_w * a[..., None])
+    out = O.div_(Z[..., None])
+    return out.view(B1, Hkv, G, N, D).permute(0, 3, 1, 2, 4).reshape(B1 * N, Hq * D).to(dt)
+
+
 # ----------------------------------------------------------------------------------------------
 # composition
 
@@ -459,9 +512,10 @@ def fold_layer(
 
     FFN inheritance. A row folded at the QKV gate has its own (corrected) attention output, so its
     FFN input H_mid differs from its source's whenever the branch's window K/V differ. With
-    ``ffn_gate=True`` (default) the same gate is applied again to H_mid: a row inherits its source's
-    FFN output only if it folded at the QKV gate *and* ||H_mid_i - H_mid_par|| <= delta ||H_mid_par||
-    (sources resolved again along the chain). This keeps delta = 0 exact (SPEC §6). With
+    ``ffn_gate=True`` (default) the gate is applied again to H_mid: a row inherits its FFN source's
+    output iff ||H_mid_i - H_mid_par|| <= delta ||H_mid_par|| (sources resolved again along the
+    chain), whatever the QKV gate said. This keeps delta = 0 exact (SPEC §6), and in a stack of
+    layers this decision is also the next layer's QKV gate (``fold_pack``: one sync per layer). With
     ``ffn_gate=False`` folded rows inherit the FFN output of their QKV-gate source unconditionally
     (the literal reading of SPEC §6; not exact at delta = 0).
     """

@@ -156,6 +156,29 @@ def test_corrected_attention_equals_branch_attention(seed, N, how, mask_kind, pa
         assert n_corrected > 0  # the test exercises the remove/add path, not only plain inheritance
 
 
+@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("how", ["mixed", "all_folded", "none_folded"])
+@pytest.mark.parametrize("mask_kind", ["full", "block", "random"])
+@pytest.mark.parametrize("heads", [(4, 2, 8), (6, 1, 5)])
+@pytest.mark.parametrize("P", [0, 11])
+def test_inherited_attention_equals_branch_attention(seed, how, mask_kind, heads, P) -> None:
+    """The torch path: every row with its (inherited) q over the prefix and its own branch's K/V."""
+    Hq, Hkv, D = heads
+    N = 13
+    _rec, _rows, _folded, _src, kv_row, q, k, v, pk, pv, M = _random_state(seed, PARS[1], N, Hq, Hkv, D, P, how,
+                                                                          mask_kind)
+    scale = 1 / math.sqrt(D)
+    out = ft.inherit_attention(q, k, v, kv_row, pk, pv, None if mask_kind == "full" else M, scale)
+    assert out.shape == (kv_row.numel(), Hq * D)
+    for i in range(kv_row.shape[0]):
+        for n in range(N):
+            js = M[n].nonzero().squeeze(1)
+            keys = torch.cat((pk.transpose(0, 1), k[kv_row[i, js]]))
+            vals = torch.cat((pv.transpose(0, 1), v[kv_row[i, js]]))
+            ref = _direct_attention(q[kv_row[i, n]], keys, vals, scale)
+            torch.testing.assert_close(out[i * N + n].view(Hq, D), ref, rtol=1e-12, atol=1e-12)
+
+
 def test_correction_with_dominant_removed_key() -> None:
     """The removed key carries almost all the mass (large score). Removal is a subtraction, so the
     documented accuracy is eps * Z_source / Z_kept (absolute accuracy of the source's Z): check it."""
@@ -194,12 +217,18 @@ def test_correction_with_dominant_removed_key() -> None:
 
 
 def reference_folded_layer(p, delta: float, ffn_gate: bool = True) -> Tensor:
+    """One layer with the QKV gate on its own input (layer 0, or ``fold_layer`` alone)."""
+    return _reference_layer(p, p.H, p.w, p.prefix_k, p.prefix_v, None, delta, ffn_gate)[0]
+
+
+def _reference_layer(p, H, w, prefix_k, prefix_v, rec, delta: float, ffn_gate: bool = True):
     """Folding semantics written directly: dense q/k/v/FFN, then every (i, n) takes q/k/v of
     (src[i, n], n), attention per branch over its own effective K/V; the FFN output comes from the
-    source under the second gate on H_mid (or the QKV-gate source if not ffn_gate)."""
-    w, H = p.w, p.H
+    source under the second gate on H_mid (or the QKV-gate source if not ffn_gate). ``rec``: the
+    QKV rows carried from the layer before (None: gate H). -> (H_out, the post-attention rec)."""
     B1, N, d = H.shape
-    rec, _ = ft.gate_compact(H, p.par, delta)
+    if rec is None:
+        rec, _ = ft.gate_compact(H, p.par, delta)
     src = ft.resolve_sources(rec, p.par)
     all_rows = torch.arange(B1 * N)
     q, k, v = ft.packed_norm_qkv_rope(H, all_rows, w, p.cos, p.sin)      # dense, [B1*N, h, D]
@@ -209,14 +238,14 @@ def reference_folded_layer(p, delta: float, ffn_gate: bool = True) -> Tensor:
     for i in range(B1):
         for n in range(N):
             js = p.mask[n].nonzero().squeeze(1)
-            keys = torch.cat((p.prefix_k.transpose(0, 1), k[i, js]))
-            vals = torch.cat((p.prefix_v.transpose(0, 1), v[i, js]))
+            keys = torch.cat((prefix_k.transpose(0, 1), k[i, js]))
+            vals = torch.cat((prefix_v.transpose(0, 1), v[i, js]))
             out[i, n] = _direct_attention(q[i, n], keys, vals, p.scale)
     H_mid = H + out.reshape(B1, N, -1) @ w.wo.t()
-    rec2 = (ft.gate_compact(H_mid, p.par, delta)[0] | rec) if ffn_gate else rec
+    rec2 = ft.gate_compact(H_mid, p.par, delta)[0] if ffn_gate else rec
     eff2 = (ft.resolve_sources(rec2, p.par) * N + torch.arange(N)).reshape(-1)
     ffn = ft.packed_ffn(H_mid, all_rows, w)[eff2].view(B1, N, d)
-    return H_mid + ffn
+    return H_mid + ffn, rec2
 
 
 LAYER_CASES = [
@@ -227,12 +256,12 @@ LAYER_CASES = [
 ]
 
 
-@pytest.fixture(params=["direct", "correction"])
+@pytest.fixture(params=["inherit", "correction"])
 def attention_path(request, monkeypatch):
-    """fold_layer's two attention paths for folded rows (fold_pack.CORRECTION_MIN_MACS picks one)."""
+    """fold_layer's two attention paths for folded rows on torch (fold_pack.TORCH_CORRECTS picks one)."""
     from specfold.kernels import fold_pack
 
-    monkeypatch.setattr(fold_pack, "CORRECTION_MIN_MACS", float("inf") if request.param == "direct" else 0)
+    monkeypatch.setattr(fold_pack, "TORCH_CORRECTS", request.param == "correction")
     return request.param
 
 
@@ -249,7 +278,6 @@ def test_fold_layer_delta0_equals_dense(case, fold_prob, attention_path) -> None
     if fold_prob == 0.0:
         assert stats.folded == 0
     assert stats.recomputed_rows == len(case["par"]) * case["N"] - stats.folded
-    assert stats.ffn_folded <= stats.folded
 
 
 def test_fold_ratio_undefined_without_drafts() -> None:
@@ -323,6 +351,48 @@ def test_fold_layer_delta_positive(case, delta, attention_path) -> None:
         err = (out - dense).norm(dim=-1) / dense.norm(dim=-1)
         assert err.max().item() > 1e-8
         assert err.max().item() < 0.5
+
+
+def _two_layers(seed: int, mask_kind: str, tiny: float):
+    from tests.kernels.fold_helpers import make_weights
+    p = make_problem(seed, PARS[1], N=13, fold_prob=0.7, tiny=tiny, mask_kind=mask_kind)
+    g = torch.Generator().manual_seed(seed + 100)
+    w2 = make_weights(g, p.H.shape[-1], 4, 2, 8, 40, bias=True, qk_norm=False)
+    pk2, pv2 = torch.randn(p.prefix_k.shape, generator=g, dtype=torch.float64), torch.randn(
+        p.prefix_v.shape, generator=g, dtype=torch.float64)
+    return p, [(p.w, p.prefix_k, p.prefix_v), (w2, pk2, pv2)]
+
+
+def _stack(p, layers, delta: float, be):
+    from specfold.kernels.fold_pack import PackPlan, Segment, packed_fold_layer
+    B1, N, d = p.H.shape
+    plan = PackPlan([Segment(B1, N, p.par.tolist(), p.mask)], [p.cos], [p.sin], p.H.device)
+    X, carried, stats = p.H.reshape(B1 * N, d), None, []
+    for w, pk, pv in layers:
+        X, st, carried = packed_fold_layer(X, plan, w, [(pk, pv)], delta, p.scale, be, qkv=carried)
+        stats.append(st[0])
+    return X.view(B1, N, d), stats, plan.syncs
+
+
+@pytest.mark.parametrize("delta,mask_kind,tiny", [(0.0, "block", 0.0), (0.2, "full", 0.1), (0.2, "block", 0.1)])
+def test_stacked_layers_carry_the_post_attention_gate(delta, mask_kind, tiny, attention_path) -> None:
+    """In a stack, layer l+1's q/k/v rows are layer l's post-attention gate (one sync per layer,
+    plus layer 0's input gate), and the result is that semantics exactly; at delta = 0, dense."""
+    p, layers = _two_layers(21, mask_kind, tiny)
+    out, stats, syncs = _stack(p, layers, delta, ft)
+    assert syncs == len(layers) + 1
+    H, rec = p.H, None
+    for w, pk, pv in layers:
+        H, rec_next = _reference_layer(p, H, w, pk, pv, rec, delta)
+        rec = rec_next
+    assert (out - H).abs().max().item() <= 1e-10
+    # the carried decision: layer 1 folds at QKV exactly the draft rows that inherited layer 0's FFN
+    assert stats[1].folded == stats[0].ffn_folded > 0
+    if delta == 0.0:
+        dense = p.H
+        for w, pk, pv in layers:
+            dense = ft.dense_layer(dense, w, p.cos, p.sin, pk, pv, p.mask, p.scale)
+        assert (out - dense).abs().max().item() <= 1e-10
 
 
 def test_layer_weights_validation_and_from_layer() -> None:

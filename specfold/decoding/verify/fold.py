@@ -2,7 +2,9 @@
 
 Same call signature as DenseVerifier. Per layer it runs `specfold.kernels.fold_pack` on the
 branches' hidden states: draft rows whose residual barely differs from their parent's (ρ ≤ δ) skip
-QKV and FFN work and get an exactly corrected attention. δ = 0 reproduces dense verification.
+QKV and FFN work and get an exactly corrected attention. δ = 0 reproduces dense verification. The
+gate runs once per layer, after attention (its decision covers the layer's FFN and the next layer's
+QKV), plus once on the embeddings: L + 1 host syncs for L layers.
 
 Two entry points:
 - `__call__(tokens, parents, positions, cache, mask, out_idx)`: one request's verification (the
@@ -167,11 +169,13 @@ class FoldVerifier:
         stats = [FoldStats.zeros(L) for _ in forwards]
         hidden: list[list[torch.Tensor]] = [[] for _ in forwards]
         want_hidden = [f.return_hidden for f in forwards]
+        carried = None  # layer l's post-attention gate decides layer l+1's q/k/v rows (one sync per layer)
         for li, w in enumerate(self.weights):
             if any(want_hidden):
                 self._keep(hidden, X, segs, want_hidden)
             prefixes = [f.cache.view(li) if f.cache is not None else (empty, empty) for f in forwards]
-            X, layer_stats = packed_fold_layer(X, plan, w, prefixes, self.delta, m.attn_scale, self.be)
+            X, layer_stats, carried = packed_fold_layer(X, plan, w, prefixes, self.delta, m.attn_scale, self.be,
+                                                        qkv=carried)
             for st, ls in zip(stats, layer_stats):
                 st.folded[li] += ls.folded
                 st.positions[li] += ls.draft_positions
