@@ -41,13 +41,15 @@ from specfold import LLM, DecodeParams  # noqa: E402
 from specfold.eval.tasks import get_task  # noqa: E402
 from specfold.models.widen import Shape, resolve_shape, source_spec, widen_checkpoint  # noqa: E402
 
-METHODS = {  # label -> DecodeParams fields
-    "vanilla": {},
-    "FreeDave d=8": dict(method="freedave", draft_depth=8),
-    "FreeDave d=8 eager": dict(method="freedave", draft_depth=8, eager=True),
-    "Spiffy B=7": dict(method="spiffy", branches=7),
-    "SpecFold δ=0.1": dict(method="specfold", drafts="spiffy", branches=7, delta=0.1),
-}
+def methods(delta: float) -> dict:
+    """label -> DecodeParams fields."""
+    return {
+        "vanilla": {},
+        "FreeDave d=8": dict(method="freedave", draft_depth=8),
+        "FreeDave d=8 eager": dict(method="freedave", draft_depth=8, eager=True),
+        "Spiffy B=7": dict(method="spiffy", branches=7),
+        f"SpecFold δ={delta:g}": dict(method="specfold", drafts="spiffy", branches=7, delta=delta),
+    }
 RULES = {"native": {}, "static": dict(rule="static", tokens_per_step=1)}
 
 
@@ -77,16 +79,17 @@ def run_width(checkpoint: str, samples, task, args) -> dict:
     from tqdm import tqdm
     llm = LLM(checkpoint, dtype="float32")
     out = {}
-    for rule, rkw in RULES.items():
+    for rule in args.rules.split(","):
+        rkw = RULES[rule]
         params = {m: DecodeParams(chat_template=True, max_new_tokens=args.max_new_tokens, **rkw, **kw)
-                  for m, kw in METHODS.items()}
+                  for m, kw in methods(args.delta).items()}
         if args.graphs:  # calibrated graphs of a model that ships none: DIR/<resolved rule>.json
             for m, p in params.items():
                 if p.method in ("spiffy", "specfold") and p.drafts == "spiffy":
                     params[m] = p.replace(graph=str(Path(args.graphs) / f"{p.resolve(llm.spec).rule}.json"))
         for p in params.values():  # untimed warm-up: one block
             llm.generate([samples[0].prompt], p.replace(max_new_tokens=llm.spec.block_size))
-        recs = {m: [] for m in METHODS}
+        recs = {m: [] for m in params}
         for s in tqdm(samples, desc=f"{Path(checkpoint).name} {rule}", file=sys.stderr, unit="problem"):
             for m, p in params.items():
                 c0 = time.process_time()
@@ -143,6 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs", default=None, help="folder of Spiffy graphs named <rule>.json (default: the "
                                                    "shipped graphs of the model's fingerprint)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--delta", type=float, default=0.05, help="SpecFold's δ (default: the library's, 0.05)")
+    ap.add_argument("--rules", default="native,static", help="comma-separated: native and/or static")
     ap.add_argument("--out", default=None, help="write the per-problem records as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -162,10 +167,10 @@ def main(argv=None) -> int:
         label = "native width" if shape is None else (
             f"{width} preset width: hidden {shape.hidden}, FFN {shape.intermediate}, {shape.heads}/{shape.kv_heads} "
             f"heads, {shape.layers} layers (cost proxy)")
-        for rule, recs in results[width].items():
-            report.append(f"### {args.model}, {label}, {rule} rule (this width: {time.perf_counter() - t0:.0f} s)\n\n"
-                          f"{table(summarize(recs))}\n")
-        print(report[-2] + "\n" + report[-1], flush=True)
+        mine = [f"### {args.model}, {label}, {rule} rule (this width: {time.perf_counter() - t0:.0f} s)\n\n"
+                f"{table(summarize(recs))}\n" for rule, recs in results[width].items()]
+        report.extend(mine)
+        print("\n".join(mine), flush=True)
     cmd = "python benchmarks/widened.py " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"Command: `OMP_NUM_THREADS=1 {cmd.strip()}`; {len(samples)} held-out problems, max_new_tokens "
             f"{args.max_new_tokens}, float32, {args.threads} thread(s), {platform.machine()} CPU, commit {commit}, "

@@ -250,3 +250,22 @@ def test_one_host_sync_per_layer(checkpoint, monkeypatch, delta):
     assert sum(fv.totals.folded) > 0
     if delta == 0.0:
         assert (folded - dense).abs().max().item() <= 1e-10
+
+
+def test_fused_weights_are_built_once_per_model(checkpoint):
+    """A generate call with DecodeParams builds a new verifier; the fused weights are not rebuilt,
+    unless a layer's weight tensor was replaced (then the new one is used)."""
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    a, b = FoldVerifier(m, 0.0), FoldVerifier(m, 0.1)
+    assert a.weights is b.weights and a.weights[0].fused_qkv()[0] is b.weights[0].fused_qkv()[0]
+    toks, parents = _batch(llm.spec.mask_token_id)
+    pos, out = torch.arange(8), torch.arange(3, 8)
+    layer = m.layers[1]
+    layer.q_proj.weight = torch.nn.Parameter(layer.q_proj.weight * 1.5)
+    c = FoldVerifier(m, 0.0)
+    assert c.weights is not a.weights and c.weights[1].wq is layer.q_proj.weight
+    with torch.inference_mode():
+        dense = DenseVerifier(m)(toks, parents, pos, None, None, out)
+        folded = c(toks, parents, pos, None, None, out)
+    assert (folded - dense).abs().max().item() <= 1e-10

@@ -28,10 +28,11 @@ branch always recomputes, so a block committed from the root is exact).
 Invariants: the prefix cache is read through zero-copy views; the root branch always recomputes;
 `parents[b]` is branch b's parent inside the batch (-1 for the root); the index structures of a
 verification (`PackPlan`) are built once per call, not per layer; fused q/k/v and gate/up weights
-are built once per verifier (one extra copy of those weights).
+are built once per model (`layer_weights`: one extra copy of those weights, shared by its verifiers).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -105,11 +106,7 @@ class FoldVerifier:
             raise ValueError(f"delta must be >= 0, got {delta}")
         self.model, self.delta, self.backend = model, float(delta), backend
         self.be = get_backend(backend)
-        self.weights = [LayerWeights.from_layer(layer, model.spec.head_dim) for layer in model.layers]
-        with torch.no_grad():
-            for w in self.weights:  # fuse once, here, not per call
-                w.fused_qkv()
-                w.fused_gate_up()
+        self.weights = layer_weights(model)
         self.last_stats: list[FoldStats] = []
         self.reset()
 
@@ -218,3 +215,28 @@ class FoldVerifier:
 
 
 _RESULT_HAS_STATS = "stats" in getattr(ForwardResult, "__dataclass_fields__", {})
+
+_WEIGHTS: "weakref.WeakKeyDictionary[Transformer, list[LayerWeights]]" = weakref.WeakKeyDictionary()
+
+
+def layer_weights(model: Transformer) -> list[LayerWeights]:
+    """Every layer's `LayerWeights` with fused q/k/v and gate/up, built once per model and shared by
+    all its verifiers (a `generate` call with DecodeParams builds a new engine and verifier; the
+    fused copies must not be rebuilt each time). A layer whose weight tensors were replaced since is
+    rebuilt; weights changed in place are not seen (the fused copies are taken as loaded)."""
+    cached = _WEIGHTS.get(model)
+    if cached is None or any(not _same(w, layer) for w, layer in zip(cached, model.layers)):
+        cached = [LayerWeights.from_layer(layer, model.spec.head_dim) for layer in model.layers]
+        with torch.no_grad():
+            for w in cached:
+                w.fused_qkv()
+                w.fused_gate_up()
+        _WEIGHTS[model] = cached
+    return cached
+
+
+def _same(w: LayerWeights, layer) -> bool:
+    """Whether `w` still holds the layer's current tensors (identity, no copy)."""
+    now = LayerWeights.from_layer(layer, w.head_dim)
+    return all(getattr(w, f) is getattr(now, f) for f in LayerWeights.__slots__
+               if isinstance(getattr(now, f), torch.Tensor))
