@@ -275,6 +275,9 @@ def test_plots_are_readable(monkeypatch, tmp_path):
     acc = figs["accuracy_vs_speed.png"]
     ax = acc.axes[0]
     assert tuple(ax.get_ylim()) == (0.0, 1.0) and len(ax.texts) == 0
+    van = next(r["tokens_per_second"] for r in rows if r["method"] == "vanilla")
+    assert [tuple(line.get_xdata()) for line in ax.get_lines()] == [(van, van)]  # vanilla's reference line
+    assert ax.get_xlim()[1] >= max(r["tokens_per_second"] for r in rows)        # no point cut off
     labels = [t.get_text() for t in acc.legends[0].get_texts()]
     assert labels == ["vanilla"] + [f"specfold branches={b}" for b in range(1, 13)]
     colours = {to_hex(c) for coll in ax.collections for c in coll.get_facecolor()}
