@@ -21,9 +21,9 @@ Per layer, ``packed_fold_layer``:
 
 1. (layer 0 only) gates the input;
 2. runs norm + fused q/k/v + RoPE on the packed recomputed rows of all forwards at once;
-3. per segment: dense attention if the segment recomputes every row, else the backend's
-   ``streaming_attention`` on its recomputed rows and ``folded_correction`` on its folded rows,
-   against the segment's own prefix and window mask;
+3. per segment, against its own prefix and window mask: dense attention if the segment recomputes
+   every row; else on triton ``streaming_attention`` on its recomputed rows and
+   ``folded_correction`` on its folded rows, on torch ``inherit_attention`` for all its rows;
 4. ``o_proj`` on all rows, then the gate on the post-attention residual, the packed FFN of all
    forwards at once, and every row adds its source row's FFN output to its own residual.
 
