@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from fold_helpers import make_problem, window_mask
+from fold_helpers import make_problem, make_weights, window_mask
 from specfold.kernels import fold_torch as ft
 from specfold.kernels.fold_torch import LayerWeights
 
@@ -354,7 +354,6 @@ def test_fold_layer_delta_positive(case, delta, attention_path) -> None:
 
 
 def _two_layers(seed: int, mask_kind: str, tiny: float):
-    from tests.kernels.fold_helpers import make_weights
     p = make_problem(seed, PARS[1], N=13, fold_prob=0.7, tiny=tiny, mask_kind=mask_kind)
     g = torch.Generator().manual_seed(seed + 100)
     w2 = make_weights(g, p.H.shape[-1], 4, 2, 8, 40, bias=True, qk_norm=False)
@@ -383,8 +382,7 @@ def test_stacked_layers_carry_the_post_attention_gate(delta, mask_kind, tiny, at
     assert syncs == len(layers) + 1
     H, rec = p.H, None
     for w, pk, pv in layers:
-        H, rec_next = _reference_layer(p, H, w, pk, pv, rec, delta)
-        rec = rec_next
+        H, rec = _reference_layer(p, H, w, pk, pv, rec, delta)
     assert (out - H).abs().max().item() <= 1e-10
     # the carried decision: layer 1 folds at QKV exactly the draft rows that inherited layer 0's FFN
     assert stats[1].folded == stats[0].ffn_folded > 0
