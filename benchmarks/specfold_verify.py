@@ -87,7 +87,7 @@ def part_tiny(a, Old) -> None:
           f"{mean_b:.2f}), rule {a.rule}, block 16, {a.prompts} prompts, min of {a.reps} per batch\n")
     m = llm.model
     print("| δ | batches | dense ms | new fold ms | new/dense | old fold ms | old/dense | new fold ratio "
-          "(excl. layer 0) | old fold ratio (excl. layer 0) | max abs logit diff new vs dense |")
+          "(excl. layer 0) / FFN | old fold ratio (excl. layer 0) / FFN | max abs logit diff new vs dense |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for delta in (float(x) for x in a.deltas.split(",")):
         for label, bs in (("all", batches), ("with drafts", with_drafts)):
@@ -103,9 +103,10 @@ def part_tiny(a, Old) -> None:
 
 
 def _ratios(rep: dict) -> str:
-    fr = "-" if rep["fold_ratio"] is None else f"{rep['fold_ratio']:.2f}"
-    fx = "-" if rep["fold_ratio_excl_layer0"] is None else f"{rep['fold_ratio_excl_layer0']:.2f}"
-    return f"{fr} ({fx})"
+    """QKV fold ratio (excl. layer 0) / FFN fold ratio."""
+    def f(x):
+        return "-" if x is None else f"{x:.2f}"
+    return f"{f(rep['fold_ratio'])} ({f(rep['fold_ratio_excl_layer0'])}) / {f(rep['ffn_fold_ratio'])}"
 
 
 def part_e2e(a, Old) -> None:
