@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The one prepared command for a lent GPU machine (issue 14), inside one device call:
+#   widen the embedded model to the 0.5B and 1.5B preset widths (cost proxies, SPEC §9), then run
+#   benchmarks/gpu_specfold.py on them: kernels against their twins, layer times, and end to end
+#   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule.
+# Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
+# PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md and $OUT/gpu_specfold.log.
+#   device run:  bash benchmarks/gpu_run.sh            (timeout_s 540: the script aims at < 8 min)
+#   CPU check:   QUICK=1 bash benchmarks/gpu_run.sh    (--device cpu --quick)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+models=()
+for preset in 0.5b 1.5b; do
+    $PY -m specfold widen --model tiny --preset "$preset" --out "$work/tiny-$preset" >/dev/null
+    models+=(--model "$work/tiny-$preset")
+done
+extra=()
+[ "${QUICK:-0}" = 1 ] && extra=(--device cpu --quick)
+$PY benchmarks/gpu_specfold.py "${models[@]}" "${extra[@]}" --out "$OUT/gpu_specfold.md" 2>&1 | tee "$OUT/gpu_specfold.log"
