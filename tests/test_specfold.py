@@ -269,3 +269,24 @@ def test_fused_weights_are_built_once_per_model(checkpoint):
         dense = DenseVerifier(m)(toks, parents, pos, None, None, out)
         folded = c(toks, parents, pos, None, None, out)
     assert (folded - dense).abs().max().item() <= 1e-10
+
+
+def test_fused_weights_are_the_models_own(checkpoint):
+    """Load-time fusion: the layer's q/k/v and gate/up weights are views of the fused tensors (one
+    copy in memory), with the values they had; the dense forward is unchanged."""
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    toks, parents = _batch(llm.spec.mask_token_id)
+    pos, out = torch.arange(8), torch.arange(3, 8)
+    layer = m.layers[0]
+    before = {n: getattr(layer, n).weight.clone() for n in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")}
+    with torch.inference_mode():
+        dense_before = DenseVerifier(m)(toks, parents, pos, None, None, out)
+    w = FoldVerifier(m, 0.0).weights[0]
+    wqkv, gate_up = w.fused_qkv()[0], w.fused_gate_up()
+    for n, fused in (("q_proj", wqkv), ("k_proj", wqkv), ("v_proj", wqkv), ("gate_proj", gate_up), ("up_proj", gate_up)):
+        t = getattr(layer, n).weight
+        assert t.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr() and t.is_contiguous()
+        assert torch.equal(t, before[n])
+    with torch.inference_mode():
+        assert torch.equal(DenseVerifier(m)(toks, parents, pos, None, None, out), dense_before)

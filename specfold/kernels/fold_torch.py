@@ -114,6 +114,21 @@ class LayerWeights:
             self._fused["qkv"] = hit
         return hit[1], hit[2]
 
+    def share_fused(self, wqkv: Tensor, gate_up: Tensor) -> None:
+        """Adopt weights fused elsewhere: ``wqkv`` = [wq; wk; wv] and ``gate_up`` = [w_gate; w_up],
+        of which this layer's tensors are row views (load-time fusion: no second copy)."""
+        if not (wqkv.shape[0] == sum(t.shape[0] for t in (self.wq, self.wk, self.wv))
+                and gate_up.shape[0] == self.w_gate.shape[0] + self.w_up.shape[0]):
+            raise ValueError("share_fused: fused shapes do not match the layer's weights")
+        src = (self.wq, self.wk, self.wv, self.bq, self.bk, self.bv)
+        bias = None
+        if any(b is not None for b in src[3:]):
+            with torch.no_grad():
+                bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
+                                  for w, b in zip(src[:3], src[3:])]).detach()
+        self._fused["qkv"] = (src, wqkv, bias)
+        self._fused["gate_up"] = ((self.w_gate, self.w_up), gate_up)
+
     def fused_gate_up(self) -> Tensor:
         """[w_gate; w_up] ([2F, d]), built once and cached like ``fused_qkv``."""
         src = (self.w_gate, self.w_up)

@@ -28,7 +28,8 @@ branch always recomputes, so a block committed from the root is exact).
 Invariants: the prefix cache is read through zero-copy views; the root branch always recomputes;
 `parents[b]` is branch b's parent inside the batch (-1 for the root); the index structures of a
 verification (`PackPlan`) are built once per call, not per layer; fused q/k/v and gate/up weights
-are built once per model (`layer_weights`: one extra copy of those weights, shared by its verifiers).
+are fused once per model (`layer_weights`: the model's own weights become views of the fused ones,
+so there is no second copy).
 """
 from __future__ import annotations
 
@@ -221,18 +222,32 @@ _WEIGHTS: "weakref.WeakKeyDictionary[Transformer, list[LayerWeights]]" = weakref
 
 def layer_weights(model: Transformer) -> list[LayerWeights]:
     """Every layer's `LayerWeights` with fused q/k/v and gate/up, built once per model and shared by
-    all its verifiers (a `generate` call with DecodeParams builds a new engine and verifier; the
-    fused copies must not be rebuilt each time). A layer whose weight tensors were replaced since is
-    rebuilt; weights changed in place are not seen (the fused copies are taken as loaded)."""
+    all its verifiers (a `generate` call with DecodeParams builds a new engine and verifier). The
+    fusion is gpt-fast's load-time one: the layer's own q/k/v and gate/up weights become row views of
+    the fused tensors (same values and shapes, contiguous), so the model holds one copy of them, not
+    two. A layer whose weight tensors were replaced since is fused again."""
     cached = _WEIGHTS.get(model)
     if cached is None or any(not _same(w, layer) for w, layer in zip(cached, model.layers)):
-        cached = [LayerWeights.from_layer(layer, model.spec.head_dim) for layer in model.layers]
-        with torch.no_grad():
-            for w in cached:
-                w.fused_qkv()
-                w.fused_gate_up()
+        cached = [_fuse(layer, model.spec.head_dim) for layer in model.layers]
         _WEIGHTS[model] = cached
     return cached
+
+
+def _fuse(layer, head_dim: int) -> LayerWeights:
+    fused = []
+    with torch.no_grad():
+        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            mods = [getattr(layer, n) for n in names]
+            whole = torch.cat([m.weight for m in mods])
+            off = 0
+            for m in mods:
+                rows = m.weight.shape[0]
+                m.weight = torch.nn.Parameter(whole[off: off + rows], requires_grad=m.weight.requires_grad)
+                off += rows
+            fused.append(whole)
+    w = LayerWeights.from_layer(layer, head_dim)
+    w.share_fused(*fused)
+    return w
 
 
 def _same(w: LayerWeights, layer) -> bool:
