@@ -49,6 +49,7 @@ def methods(delta: float) -> dict:
         "FreeDave d=8 eager": dict(method="freedave", draft_depth=8, eager=True),
         "Spiffy B=7": dict(method="spiffy", branches=7),
         f"SpecFold δ={delta:g}": dict(method="specfold", drafts="spiffy", branches=7, delta=delta),
+        f"SpecFold δ={delta:g} eager": dict(method="specfold", drafts="spiffy", branches=7, delta=delta, eager=True),
     }
 RULES = {"native": {}, "static": dict(rule="static", tokens_per_step=1)}
 
