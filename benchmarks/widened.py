@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--graphs", default=None, help="folder of Spiffy graphs named <rule>.json (default: the "
                                                    "shipped graphs of the model's fingerprint)")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--delta", type=float, default=0.05, help="SpecFold's δ (default: the library's, 0.05)")
+    ap.add_argument("--delta", type=float, default=DecodeParams().delta, help="SpecFold's δ (default: the library's)")
     ap.add_argument("--rules", default="native,static", help="comma-separated: native and/or static")
     ap.add_argument("--out", default=None, help="write the per-problem records as JSON here")
     args = ap.parse_args(argv)

@@ -105,14 +105,17 @@ class LayerWeights:
         hit = self._fused.get("qkv")
         if hit is None or any(a is not b for a, b in zip(hit[0], src)):
             with torch.no_grad():
-                wqkv = torch.cat((self.wq, self.wk, self.wv)).detach()
-                bias = None
-                if any(b is not None for b in src[3:]):
-                    bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                      for w, b in zip(src[:3], src[3:])]).detach()
-            hit = (src, wqkv, bias)
+                hit = (src, torch.cat((self.wq, self.wk, self.wv)).detach(), self._qkv_bias())
             self._fused["qkv"] = hit
         return hit[1], hit[2]
+
+    def _qkv_bias(self) -> Tensor | None:
+        """[bq; bk; bv] (zeros for a missing one), or None when the layer has no q/k/v bias."""
+        pairs = ((self.wq, self.bq), (self.wk, self.bk), (self.wv, self.bv))
+        if all(b is None for _, b in pairs):
+            return None
+        with torch.no_grad():
+            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs]).detach()
 
     def share_fused(self, wqkv: Tensor, gate_up: Tensor) -> None:
         """Adopt weights fused elsewhere: ``wqkv`` = [wq; wk; wv] and ``gate_up`` = [w_gate; w_up],
@@ -120,13 +123,7 @@ class LayerWeights:
         if not (wqkv.shape[0] == sum(t.shape[0] for t in (self.wq, self.wk, self.wv))
                 and gate_up.shape[0] == self.w_gate.shape[0] + self.w_up.shape[0]):
             raise ValueError("share_fused: fused shapes do not match the layer's weights")
-        src = (self.wq, self.wk, self.wv, self.bq, self.bk, self.bv)
-        bias = None
-        if any(b is not None for b in src[3:]):
-            with torch.no_grad():
-                bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0])
-                                  for w, b in zip(src[:3], src[3:])]).detach()
-        self._fused["qkv"] = (src, wqkv, bias)
+        self._fused["qkv"] = ((self.wq, self.wk, self.wv, self.bq, self.bk, self.bv), wqkv, self._qkv_bias())
         self._fused["gate_up"] = ((self.w_gate, self.w_up), gate_up)
 
     def fused_gate_up(self) -> Tensor:

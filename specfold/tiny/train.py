@@ -40,9 +40,8 @@ PACKAGE_MODEL_DIR = Path(__file__).resolve().parent / "model"
 SHIPPED_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "special_tokens_map.json", "heldout.jsonl")
 DEFAULT_STEPS = 6400  # the shipped model's length (its schedule: specfold/tiny/README.md)
-# task name -> problem maker: "choices" (specfold.tiny.choices, the shipped model's) or "arith"
-# (specfold.tiny.data, the earlier model's)
-# (specfold.tiny.choices: worked solutions with choice points, see README.md)
+# task name -> problem maker: "choices" (specfold.tiny.choices, the shipped model's: worked solutions
+# with choice points, see README.md) or "arith" (specfold.tiny.data, the earlier model's)
 TASKS = {"arith": D.make_problem, "choices": C.make_problem}
 
 
