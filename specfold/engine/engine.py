@@ -105,12 +105,14 @@ class Engine:
         return rid
 
     def abort(self, request_id: str) -> None:
-        req = self.requests.pop(request_id, None)
-        if req is None:
+        """Free a running or waiting request; a finished or unknown id is a no-op."""
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
             return
+        del self.requests[request_id]
         if req in self.running:
             self.running.remove(req)
-        else:
+        elif req in self.waiting:
             self.waiting.remove(req)
         req.finish("abort")
         self._aborted.append(RequestDelta(req.id, [], "", True, "abort", self._output(req)))
