@@ -15,6 +15,7 @@ truncated. Each request has its own prefix cache; stats are returned per request
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from importlib import resources
 from pathlib import Path
 import warnings
@@ -24,15 +25,16 @@ with warnings.catch_warnings():  # the core install has no numpy, which specfold
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch
 
-from specfold.decoding.loop import Decoder
 from specfold.decoding.methods import get_method
+from specfold.decoding.program import BlockProgram
 from specfold.engine.engine import Engine
 from specfold.errors import CheckpointError, ParamsError
 from specfold.models.loader import load_model
 from specfold.models.tokenizer import Tokenizer
 from specfold.outputs import RequestOutput
 from specfold.params import DecodeParams, EngineConfig, SamplingParams
-from specfold.text import check_prompt_ids, check_text
+from specfold.outputs import DecodeStats
+from specfold.text import check_text
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
@@ -99,7 +101,9 @@ class LLM:
         self._engine: Engine | None = None
 
     # ------------------------------------------------------------------ prompts
-    def encode(self, prompt: Prompt, params: DecodeParams) -> list[int]:
+    def encode(self, prompt: Prompt, params: SamplingParams | DecodeParams) -> list[int]:
+        """A prompt -> token ids (the chat template when asked); the engine checks them once, when
+        the request is added (`Engine.validate`)."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ParamsError("empty prompt string")
@@ -118,14 +122,15 @@ class LLM:
                 raise ParamsError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
             if params.chat_template and self.tokenizer is not None:
                 raise ParamsError("chat_template=True needs string prompts (token-id prompts are taken as is)")
-        return check_prompt_ids(ids, self.spec.vocab_size, self.spec.max_position_embeddings, params.max_new_tokens)
+        return ids
 
     # ------------------------------------------------------------------ generate
-    def decoder(self, params: DecodeParams) -> Decoder:
+    def decoder(self, params: DecodeParams) -> "Decoder":
         """One request at a time with this method's policy and verifier (swappable: calibration)."""
-        p = params.resolve(self.spec)
-        policy, verifier = get_method(p.method)(self.model, self.spec, p)
-        return Decoder(self.model, self.spec, p, policy, verifier)
+        config, sampling = params.split()
+        config = config.resolve(self.spec)
+        policy, verifier = get_method(config.method)(self.model, self.spec, config)
+        return Decoder(self, config, sampling, policy, verifier)
 
     def engine(self, config: EngineConfig | None = None) -> Engine:
         """A new engine on this model (`config` defaults to the LLM's)."""
@@ -156,13 +161,27 @@ class LLM:
                 self._engine = self.engine()
             engine = self._engine
         encoded = [self.encode(pr, p) for pr, p in zip(prompts, per)]
-        for ids, p in zip(encoded, per):
-            engine.validate(ids, p)
-        return _drain(engine, prompts, encoded, per, use_tqdm)
+        configs = [engine.validate(ids, p) for ids, p in zip(encoded, per)]  # every prompt, before any forward
+        return _drain(engine, prompts, encoded, per, configs, use_tqdm)
+
+
+class Decoder:
+    """One request at a time through an engine whose block program has this policy and verifier
+    (calibration and tests swap `policy` / `verifier`): `run(prompt_ids) -> (ids, finish_reason, stats)`."""
+
+    def __init__(self, llm: LLM, config: EngineConfig, sampling: SamplingParams, policy, verifier):
+        self.llm, self.config, self.sampling = llm, config, sampling
+        self.policy, self.verifier = policy, verifier
+
+    def run(self, prompt: list[int]) -> tuple[list[int], str, DecodeStats]:
+        program = BlockProgram(self.llm.spec, self.config, self.policy, self.verifier)
+        host = SimpleNamespace(model=self.llm.model, spec=self.llm.spec, tokenizer=None)  # ids only
+        out = Engine(host, self.config, program=program).run_one(prompt, self.sampling)
+        return out.token_ids, out.finish_reason, out.stats
 
 
 def _drain(engine: Engine, prompts: list, encoded: list[list[int]], per: list[SamplingParams],
-           use_tqdm: bool) -> list[RequestOutput]:
+           configs: list[EngineConfig], use_tqdm: bool) -> list[RequestOutput]:
     """Add the prompts as capacity allows and step until all are done; outputs in prompt order."""
     bar = None
     if use_tqdm:
@@ -175,7 +194,8 @@ def _drain(engine: Engine, prompts: list, encoded: list[list[int]], per: list[Sa
         while nxt < len(prompts) or len(outs) < len(ids):
             while nxt < len(prompts) and engine.can_add():
                 pr = prompts[nxt]
-                ids.append(engine.add_request(encoded[nxt], per[nxt], prompt=pr if isinstance(pr, str) else None))
+                ids.append(engine.add_request(encoded[nxt], per[nxt], prompt=pr if isinstance(pr, str) else None,
+                                              config=configs[nxt]))
                 nxt += 1
             for d in engine.step():
                 if d.finished and d.request_id in ids:

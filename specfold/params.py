@@ -1,17 +1,16 @@
-"""Decode settings: `EngineConfig` (fixed per engine), `SamplingParams` (per request), and
-`DecodeParams`, the older all-in-one convenience that `split()`s into the two.
+"""Decode settings: `EngineConfig` (fixed per engine) and `SamplingParams` (per request).
 
 `EngineConfig` holds what is built once per engine (method, rule and its fields, draft policy,
 graph, branches, depth, δ, backend, eager, scheduler limits); `SamplingParams` holds what a client
 may choose per request (max_new_tokens, temperature, seed, stop strings, stop token ids, chat
-template). No request field names a server-side file.
+template). No request field names a server-side file. `DecodeParams` is only a compatibility shim:
+the older all-in-one settings, which `split()` into the pair.
 
-DecodeParams is validated in two stages.
-
-`__post_init__` rejects settings that are impossible for any model (δ < 0, max_new_tokens ≤ 0,
-threshold outside (0, 1], unknown names). `resolve(spec)` fills unset fields from the model family's
-defaults and rejects settings impossible for this model (block not a multiple of the sub-block,
-Nemotron's max_new_tokens not a multiple of the block). Nothing is silently clamped.
+EngineConfig is validated in two stages. `__post_init__` rejects settings that are impossible for
+any model (δ < 0, threshold outside [0, 1], unknown rule names). `resolve(spec)` fills unset fields
+from the model family's defaults and rejects settings impossible for this model (block not a
+multiple of the sub-block, eager on a model that is not block-causal); `for_request` adds the checks
+that need the request's max_new_tokens. Nothing is silently clamped.
 """
 from __future__ import annotations
 
@@ -22,110 +21,6 @@ from specfold.errors import ParamsError
 
 RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream")
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
-
-
-@dataclass(slots=True)
-class DecodeParams:
-    method: str = "vanilla"
-    rule: str | None = None
-    block_size: int | None = None
-    sub_block_size: int | None = None
-    tokens_per_step: int | None = None  # k of static / dynamic
-    threshold: float | None = None
-    threshold_ge: bool | None = None  # `>=` instead of `>` (Nemotron-Labs-Diffusion, FreeDave)
-    confidence: str | None = None
-    steps: int | None = None  # llada: steps per block; dream: total steps
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    chat_template: bool = False
-    early_stop: bool = True  # stop denoising a block once a stop token is committed with no mask before it
-    # speculative decoding (FreeDave, Spiffy) and SpecFold
-    draft_depth: int = 8
-    eager: bool = False
-    branches: int = 7
-    graph: object = None  # path to a Spiffy graph JSON or a DraftGraph
-    graph_depth: int | None = None  # Spiffy/SpecFold: only the graph's nodes at most this deep (None = all)
-    delta: float = 0.05
-    drafts: str = "spiffy"
-    backend: str = "torch"
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens <= 0:
-            raise ParamsError(f"max_new_tokens must be > 0, got {self.max_new_tokens}")
-        if self.rule is not None and self.rule not in RULES:
-            raise ParamsError(f"unknown rule {self.rule!r}; accepted: {list(RULES)}")
-        if self.confidence is not None and self.confidence not in CONFIDENCES:
-            raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
-        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
-            raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
-        for name in ("block_size", "sub_block_size", "tokens_per_step", "steps"):
-            v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ParamsError(f"{name} must be a positive integer, got {v}")
-        if self.temperature < 0:
-            raise ParamsError(f"temperature must be >= 0, got {self.temperature}")
-        if self.delta < 0:
-            raise ParamsError(f"delta must be >= 0 (0 = dense verification), got {self.delta}")
-        if not 1 <= self.draft_depth <= 64:
-            raise ParamsError(f"draft_depth must be in [1, 64], got {self.draft_depth}")
-        if not 1 <= self.branches <= 64:
-            raise ParamsError(f"branches must be in [1, 64], got {self.branches}")
-        if self.graph_depth is not None and not 1 <= self.graph_depth <= 64:
-            raise ParamsError(f"graph_depth must be in [1, 64] (or unset: every node), got {self.graph_depth}")
-
-    def replace(self, **kw) -> "DecodeParams":
-        return dataclasses.replace(self, **kw)
-
-    def resolve(self, spec) -> "DecodeParams":
-        """A copy with every decode field set: unset ones take the family's defaults."""
-        p = dataclasses.replace(self)
-        p.rule = p.rule or spec.rule
-        if p.rule == "dream" and spec.attention != "bidirectional":
-            from specfold.models.spec import FAMILIES
-            fams = sorted({f["family"] for f in FAMILIES.values() if f.get("attention") == "bidirectional"})
-            raise ParamsError(f"rule 'dream' decodes the whole answer as one bidirectional canvas: it is for "
-                              f"bidirectional models ({', '.join(fams)}), not {spec.family} ({spec.attention} "
-                              f"attention); use this family's default rule ({spec.rule!r}) or another one")
-        if p.rule == "dream" and p.block_size is None:
-            p.block_size = p.max_new_tokens  # Dream decodes the whole canvas as one block
-        p.block_size = p.block_size or spec.block_size
-        if p.sub_block_size is None:
-            p.sub_block_size = spec.sub_block_size if p.rule == "sub_block" else None
-        if p.rule == "sub_block" and p.sub_block_size is None:
-            raise ParamsError("rule 'sub_block' needs sub_block_size (the model's config has none)")
-        if p.sub_block_size is not None and p.block_size % p.sub_block_size:
-            raise ParamsError(f"block_size={p.block_size} is not a multiple of sub_block_size={p.sub_block_size}")
-        p.tokens_per_step = p.tokens_per_step or spec.tokens_per_step
-        if p.tokens_per_step > p.block_size:
-            raise ParamsError(f"tokens_per_step={p.tokens_per_step} exceeds block_size={p.block_size}")
-        p.threshold = spec.threshold if p.threshold is None else p.threshold
-        p.threshold_ge = spec.threshold_ge if p.threshold_ge is None else p.threshold_ge
-        p.confidence = p.confidence or spec.confidence
-        if p.steps is None:
-            p.steps = p.block_size if p.rule in ("llada", "dream") else None
-        if spec.max_new_tokens_multiple_of_block and p.max_new_tokens % p.block_size and _whole_blocks(p.method):
-            raise ParamsError(f"{spec.family} decodes whole blocks: max_new_tokens={p.max_new_tokens} must be "
-                              f"a multiple of block_size={p.block_size}")
-        if p.eager and spec.attention != "block_causal":
-            raise ParamsError(f"eager mode needs a block-causal model; {spec.family} uses {spec.attention!r}")
-        return p
-
-    def split(self) -> tuple["EngineConfig", "SamplingParams"]:
-        """The engine-wide part and the per-request part of these settings."""
-        cfg = EngineConfig(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
-        return cfg, SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                   seed=self.seed, chat_template=self.chat_template)
-
-
-def _whole_blocks(method: str) -> bool:
-    """Whether `method` decodes whole blocks (diffusion modes); the causal programs (`ar`,
-    `linear_spec`, ...) register `whole_blocks = False`."""
-    from specfold.decoding.methods import get_method
-    try:
-        return getattr(get_method(method), "whole_blocks", True)
-    except ParamsError:
-        return True
 
 
 def _int(name: str, v, lo: int | None = None) -> None:
@@ -175,11 +70,6 @@ class SamplingParams:
         return dataclasses.replace(self, **kw)
 
 
-_CONFIG_FIELDS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "threshold_ge",
-                  "confidence", "steps", "early_stop", "draft_depth", "eager", "branches", "graph", "graph_depth",
-                  "delta", "drafts", "backend")
-
-
 @dataclass(slots=True)
 class EngineConfig:
     """Engine-wide decode settings, fixed when the engine is built (policy and verifier built once).
@@ -188,7 +78,118 @@ class EngineConfig:
     refused with `EngineFull`); one step runs forwards of at most `max_num_batched_tokens` token rows
     (always at least one forward). `adaptive_drafts`: each request's draft branches per verification
     = min(configured, max(0, (draft_rows - rows of the roots) // (running requests × window))), so
-    drafts use spare rows when the batch is small and vanish when it is full (tokens never change)."""
+    drafts use spare rows when the batch is small and vanish when it is full (tokens never change).
+    `cuda_graphs` (CUDA only): the runner pads every step to a bucket and replays one captured graph
+    per bucket; elsewhere it only pads (the same tokens)."""
+    method: str = "vanilla"
+    rule: str | None = None
+    block_size: int | None = None
+    sub_block_size: int | None = None
+    tokens_per_step: int | None = None  # k of static / dynamic
+    threshold: float | None = None
+    threshold_ge: bool | None = None  # `>=` instead of `>` (Nemotron-Labs-Diffusion, FreeDave)
+    confidence: str | None = None
+    steps: int | None = None  # llada: steps per block; dream: total steps
+    early_stop: bool = True  # stop denoising a block once a stop token is committed with no mask before it
+    # speculative decoding (FreeDave, Spiffy) and SpecFold
+    draft_depth: int = 8
+    eager: bool = False
+    branches: int = 7
+    graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
+    graph_depth: int | None = None  # Spiffy/SpecFold: only the graph's nodes at most this deep (None = all)
+    delta: float = 0.05
+    drafts: str = "spiffy"
+    backend: str = "torch"
+    # scheduling and the runner
+    max_num_seqs: int = 64
+    max_waiting: int = 256
+    max_num_batched_tokens: int = 8192
+    adaptive_drafts: bool = False
+    draft_rows: int = 256
+    buckets: bool = False  # pad each step's packed rows and KV lengths to bucket sizes
+    cuda_graphs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rule is not None and self.rule not in RULES:
+            raise ParamsError(f"unknown rule {self.rule!r}; accepted: {list(RULES)}")
+        if self.confidence is not None and self.confidence not in CONFIDENCES:
+            raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
+        if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
+            raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
+        for name in ("block_size", "sub_block_size", "tokens_per_step", "steps"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ParamsError(f"{name} must be a positive integer, got {v}")
+        if self.delta < 0:
+            raise ParamsError(f"delta must be >= 0 (0 = dense verification), got {self.delta}")
+        if not 1 <= self.draft_depth <= 64:
+            raise ParamsError(f"draft_depth must be in [1, 64], got {self.draft_depth}")
+        if not 1 <= self.branches <= 64:
+            raise ParamsError(f"branches must be in [1, 64], got {self.branches}")
+        if self.graph_depth is not None and not 1 <= self.graph_depth <= 64:
+            raise ParamsError(f"graph_depth must be in [1, 64] (or unset: every node), got {self.graph_depth}")
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            _int(name, getattr(self, name), 1)
+        _int("max_waiting", self.max_waiting, 0)
+        _int("draft_rows", self.draft_rows, 0)
+
+    def replace(self, **kw) -> "EngineConfig":
+        return dataclasses.replace(self, **kw)
+
+    def resolve(self, spec) -> "EngineConfig":
+        """A copy with the rule fields set from the family's defaults. The Dream rule with no block
+        size decodes the whole canvas as one block, so its block size (and steps) are per request:
+        they stay None here and `for_request` fills them."""
+        p = dataclasses.replace(self)
+        p.rule = p.rule or spec.rule
+        if p.rule == "dream" and spec.attention != "bidirectional":
+            raise ParamsError(f"rule 'dream' decodes the whole answer as one bidirectional canvas: it is for "
+                              f"bidirectional models (Dream, LLaDA), not {spec.family} ({spec.attention} "
+                              f"attention); use this family's default rule ({spec.rule!r}) or another one")
+        if p.rule == "dream" and p.block_size is None:
+            return p  # the canvas size is the request's max_new_tokens: resolved per request
+        return p._resolve_block(spec)
+
+    def _resolve_block(self, spec) -> "EngineConfig":
+        p = self
+        p.block_size = p.block_size or spec.block_size
+        if p.sub_block_size is None:
+            p.sub_block_size = spec.sub_block_size if p.rule == "sub_block" else None
+        if p.rule == "sub_block" and p.sub_block_size is None:
+            raise ParamsError("rule 'sub_block' needs sub_block_size (the model's config has none)")
+        if p.sub_block_size is not None and p.block_size % p.sub_block_size:
+            raise ParamsError(f"block_size={p.block_size} is not a multiple of sub_block_size={p.sub_block_size}")
+        p.tokens_per_step = p.tokens_per_step or spec.tokens_per_step
+        if p.tokens_per_step > p.block_size:
+            raise ParamsError(f"tokens_per_step={p.tokens_per_step} exceeds block_size={p.block_size}")
+        p.threshold = spec.threshold if p.threshold is None else p.threshold
+        p.threshold_ge = spec.threshold_ge if p.threshold_ge is None else p.threshold_ge
+        p.confidence = p.confidence or spec.confidence
+        if p.steps is None and p.rule in ("llada", "dream"):
+            p.steps = p.block_size
+        if p.eager and spec.attention != "block_causal":
+            raise ParamsError(f"eager mode needs a block-causal model; {spec.family} uses {spec.attention!r}")
+        return p
+
+    def for_request(self, spec, max_new_tokens: int, whole_blocks: bool = True) -> "EngineConfig":
+        """The settings one request decodes with (resolved; the Dream canvas sized to the request).
+        `whole_blocks`: the program decodes whole blocks (the diffusion modes; the causal programs
+        do not), so a family that only decodes whole blocks needs max_new_tokens to be a multiple."""
+        p = self if self.block_size is not None else dataclasses.replace(self, block_size=max_new_tokens)._resolve_block(spec)
+        if whole_blocks and spec.max_new_tokens_multiple_of_block and max_new_tokens % p.block_size:
+            raise ParamsError(f"{spec.family} decodes whole blocks: max_new_tokens={max_new_tokens} must be "
+                              f"a multiple of block_size={p.block_size}")
+        return p
+
+
+_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "seed", "chat_template")
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
+
+
+@dataclass(slots=True)
+class DecodeParams:
+    """Compatibility shim: the older all-in-one settings. `split()` gives the (EngineConfig,
+    SamplingParams) pair that the engine takes; every check is theirs."""
     method: str = "vanilla"
     rule: str | None = None
     block_size: int | None = None
@@ -198,54 +199,33 @@ class EngineConfig:
     threshold_ge: bool | None = None
     confidence: str | None = None
     steps: int | None = None
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    chat_template: bool = False
     early_stop: bool = True
     draft_depth: int = 8
     eager: bool = False
     branches: int = 7
-    graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
+    graph: object = None
     graph_depth: int | None = None
     delta: float = 0.05
     drafts: str = "spiffy"
     backend: str = "torch"
-    max_num_seqs: int = 64
-    max_waiting: int = 256
-    max_num_batched_tokens: int = 8192
-    adaptive_drafts: bool = False
-    draft_rows: int = 256
 
     def __post_init__(self) -> None:
-        # the decode fields share DecodeParams' checks
-        DecodeParams(**{f: getattr(self, f) for f in _CONFIG_FIELDS})
-        for name in ("max_num_seqs", "max_num_batched_tokens"):
-            _int(name, getattr(self, name), 1)
-        _int("max_waiting", self.max_waiting, 0)
-        _int("draft_rows", self.draft_rows, 0)
+        self.split()  # validates both halves
 
-    def replace(self, **kw) -> "EngineConfig":
+    def replace(self, **kw) -> "DecodeParams":
         return dataclasses.replace(self, **kw)
 
-    def decode_params(self, sampling: SamplingParams | None = None) -> DecodeParams:
-        """The all-in-one view (for rules, draft policies and reference code that read its fields)."""
-        s = sampling or SamplingParams()
-        return DecodeParams(**{f: getattr(self, f) for f in _CONFIG_FIELDS}, max_new_tokens=s.max_new_tokens,
-                            temperature=s.temperature, seed=s.seed or 0, chat_template=s.chat_template)
+    def split(self) -> tuple[EngineConfig, SamplingParams]:
+        """The engine-wide part and the per-request part of these settings."""
+        names = [f.name for f in dataclasses.fields(self) if f.name not in _SAMPLING_FIELDS]
+        cfg = EngineConfig(**{f: getattr(self, f) for f in names})
+        return cfg, SamplingParams(**{f: getattr(self, f) for f in _SAMPLING_FIELDS})
 
-    def resolve(self, spec, max_new_tokens: int | None = None) -> "EngineConfig":
-        """A copy with the rule fields set from the family's defaults. The Dream rule with no block size
-        decodes the whole canvas as one block, so its block size (and steps) are per request: they
-        stay None here and `for_request` fills them."""
-        m = max_new_tokens if max_new_tokens is not None else (self.block_size or spec.block_size)
-        dp = self.decode_params(SamplingParams(max_new_tokens=m))
-        dream_free = dp.rule in (None, "dream") and (dp.rule or spec.rule) == "dream" and self.block_size is None
-        r = dp.resolve(spec)
-        out = dataclasses.replace(self, **{f: getattr(r, f) for f in _CONFIG_FIELDS})
-        if dream_free and max_new_tokens is None:
-            out.block_size, out.steps = None, self.steps
-        return out
-
-    def for_request(self, spec, max_new_tokens: int) -> "EngineConfig":
-        """The settings one request decodes with (block size and steps fixed; family checks run)."""
-        if self.block_size is not None and self.rule is not None and self.steps is not None \
-                and not spec.max_new_tokens_multiple_of_block:
-            return self
-        return self.resolve(spec, max_new_tokens)
+    def resolve(self, spec) -> EngineConfig:
+        """The engine config resolved for `spec` and these settings' max_new_tokens."""
+        cfg, sp = self.split()
+        return cfg.resolve(spec).for_request(spec, sp.max_new_tokens, whole_blocks=False)

@@ -10,7 +10,7 @@ import torch
 
 from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
 from specfold.decoding.drafts.graph import DraftGraph, Node
-from specfold.engine.forward import Forward
+from specfold.models.forward import Forward
 from specfold.errors import EngineFull, ParamsError
 
 MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),

@@ -125,7 +125,7 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
 def _forwards(m, M: int, attention: str):
     """Forwards of one engine step: different prefix lengths, window lengths and branch counts
     (root only, a chain, a tree), each with its own cache."""
-    from specfold.engine.forward import Forward
+    from specfold.models.forward import Forward
 
     g = torch.Generator().manual_seed(3)
     out = []
@@ -188,7 +188,7 @@ def test_verify_many_equals_each_forward_alone(checkpoint, monkeypatch, kind, at
 
 
 def test_verify_many_hidden_and_errors(checkpoint):
-    from specfold.engine.forward import Forward
+    from specfold.models.forward import Forward
 
     llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
     m = llm.model

@@ -1,11 +1,13 @@
-"""Attention masks of the three prefix/window kinds (SPEC §3), as bool [T, T] (True = may attend).
+"""Attention masks of the three prefix/window kinds (SPEC §3): host descriptions, built on the device.
 
 - block_causal: blocks aligned to absolute positions: query q sees key j iff q // N >= j // N
   (prefill, active window and commit alike; a window that spans blocks stays block-causal inside);
 - causal_prefix (Nemotron-Labs-Diffusion): prefill and commit are causal; the active block is
   bidirectional inside itself;
 - bidirectional (Dream, LLaDA): no mask at all (None).
-Every window query also sees the whole cached prefix; that part needs no mask.
+Every window query also sees the whole cached prefix; that part needs no mask. Programs describe a
+mask as a tuple (decoding/jobs.py); `build_mask` makes the bool [T, T] tensor (True = may attend) on
+the positions' device, so no mask is ever copied from the host.
 """
 from __future__ import annotations
 
@@ -21,22 +23,44 @@ def causal(positions: torch.Tensor) -> torch.Tensor:
     return positions[:, None] >= positions[None, :]
 
 
-def prefill_mask(attention: str, positions: torch.Tensor, n: int) -> torch.Tensor | None:
-    if attention == "block_causal":
-        return block_causal(positions, n)
-    if attention == "causal_prefix":
+def pending(a: int, t: int, device) -> torch.Tensor:
+    """[t, t]: the first `a` (pending) rows causal among themselves; the other rows see everything."""
+    m = torch.ones(t, t, dtype=torch.bool, device=device)
+    if a:
+        m[:a, :a] = causal(torch.arange(a, device=device))
+        m[:a, a:] = False
+    return m
+
+
+def build_mask(desc: tuple | None, positions: torch.Tensor) -> torch.Tensor | None:
+    if desc is None:
+        return None
+    kind = desc[0]
+    if kind == "block":
+        return block_causal(positions, desc[1], desc[2])
+    if kind == "causal":
         return causal(positions)
+    if kind == "pending":
+        return pending(desc[1], len(positions), positions.device)
+    raise ValueError(f"unknown mask description {desc!r}")
+
+
+def prefill_mask(attention: str, n: int) -> tuple | None:
+    if attention == "block_causal":
+        return ("block", n, 0)
+    if attention == "causal_prefix":
+        return ("causal",)
     return None
 
 
-def window_mask(attention: str, positions: torch.Tensor, n: int, origin: int = 0) -> torch.Tensor | None:
+def window_mask(attention: str, n: int, origin: int = 0) -> tuple | None:
     """Mask of an active window (one block, or several in eager mode) against itself."""
     if attention == "bidirectional":
         return None
-    return block_causal(positions, n, origin)
+    return ("block", n, origin)
 
 
-def commit_mask(attention: str, positions: torch.Tensor, n: int, origin: int = 0) -> torch.Tensor | None:
+def commit_mask(attention: str, n: int, origin: int = 0) -> tuple | None:
     if attention == "causal_prefix":
-        return causal(positions)
-    return window_mask(attention, positions, n, origin)
+        return ("causal",)
+    return window_mask(attention, n, origin)

@@ -17,20 +17,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-import torch
-
 from specfold.decoding.rules import Rule, Scored
-from specfold.engine.forward import Forward, ForwardResult
-from specfold.models.cache import PrefixCache
+from specfold.models.forward import Forward, ForwardResult
 
 
 @dataclass(slots=True)
 class Step:
-    """One applied rule step: the state, its scored candidates and the state it led to."""
-    state: torch.Tensor  # [W]
+    """One applied rule step: the state, its scored candidates and the state it led to (host data)."""
+    state: list[int]  # [W]
     scored: Scored
-    next: torch.Tensor  # [W]
-    region: torch.Tensor  # [W] bool candidates of `state`
+    next: list[int]  # [W]
+    region: list[bool]  # [W] candidates of `state`
     ahead: Scored | None = None  # scores (T = 0) at the region the rule reads once `region` is filled
     # (the next sub-block, or in eager windows the next block), from the same forward as `scored`:
     # draft material only, never read by the rule
@@ -38,7 +35,7 @@ class Step:
 
 @dataclass(slots=True)
 class Draft:
-    tokens: torch.Tensor  # [W]
+    tokens: list[int]  # [W]
     parent: int  # index into the verification batch (0 = root)
     node: int = -1  # policy-specific id (Spiffy graph node, FreeDave depth), for hit statistics
 
@@ -47,7 +44,7 @@ class Draft:
 class BlockContext:
     """What a draft policy may read about the active block."""
     start: int  # absolute position of window index 0
-    allowed: torch.Tensor  # [W] bool: positions that may be unmasked (current block, within limit)
+    allowed: list[bool]  # [W] positions that may be unmasked (current block, within limit)
     block_origin: int  # window index where the current block starts
     mask_id: int
     rule: Rule
@@ -56,7 +53,7 @@ class BlockContext:
     # this verification's window spans `width` positions from `start` (the current block first; more
     # in eager mode); `window_allowed` [width] marks positions that may be unmasked
     width: int = 0
-    window_allowed: torch.Tensor | None = None
+    window_allowed: list[bool] | None = None
     seed_token: bool = False
 
 
@@ -66,7 +63,7 @@ class DraftPolicy:
     topk = 0  # vocabulary ranks the drafts read (`Scored.top`); 0 = the argmax only
     reads_ahead = False  # the drafts read `Step.ahead` (the verification then also computes those logits)
 
-    def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
+    def drafts(self, root: list[int], parent: Step | None, ctx: BlockContext) -> list[Draft]:
         return []
 
     def lookahead(self, masked: int, ctx: BlockContext) -> int:
@@ -81,48 +78,15 @@ class DraftPolicy:
     def summarize(self, stats) -> None:
         """Derive per-request statistics from the counters already written into `stats.extra`."""
 
-    def reset(self) -> None:
-        """Shared policies keep no per-request state: nothing to reset (recording tools may)."""
-
-    def report(self) -> dict:
-        """Engine-wide statistics of the policy itself (none for the shipped policies)."""
-        return {}
-
 
 @runtime_checkable
 class Verifier(Protocol):
-    """`__call__(tokens [B,W], parents, positions [W], cache, mask [W,W]|None, out_idx) -> logits
-    [B, len(out_idx), V]` for one forward; `verify_many(forwards) -> results` for the verify
-    forwards of one engine step (optional: the engine falls back to one `__call__` per forward);
-    `returns_hidden`: `__call__(..., return_hidden=True)` also returns the hidden states."""
+    """`verify_many(forwards) -> results`: the verify forwards of one engine step (device work only;
+    per-forward statistics in `ForwardResult.stats`). `packs_with_model`: the runner may merge them
+    with the step's other forwards into one `forward_many` call (dense verification);
+    `returns_hidden`: it can return the per-layer hidden states (eager commits reuse them)."""
     name: str
     returns_hidden: bool
+    packs_with_model: bool
 
-    def __call__(self, tokens: torch.Tensor, parents: list[int], positions: torch.Tensor,
-                 cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor): ...
-
-
-def verify_many(verifier, forwards: list[Forward]) -> list[ForwardResult]:
-    """The verify forwards of one step through `verifier`: its own `verify_many` when it has one,
-    else one `__call__` per forward (fold statistics, when the verifier keeps them, are read per
-    forward into `ForwardResult.stats`)."""
-    if hasattr(verifier, "verify_many"):
-        return verifier.verify_many(forwards)
-    out = []
-    for f in forwards:
-        reset = getattr(verifier, "reset", None)
-        if reset is not None:
-            reset()
-        kw = {"return_hidden": True} if f.return_hidden else {}
-        r = verifier(f.tokens, f.parents, f.positions, f.cache, f.mask, f.logits_at, **kw)
-        logits, hidden = r if f.return_hidden else (r, None)
-        out.append(ForwardResult(logits, hidden, fold_counts(verifier)))
-    return out
-
-
-def fold_counts(verifier) -> dict | None:
-    """Per-layer fold counters a folded verifier kept for its last call (None for dense ones)."""
-    if not hasattr(verifier, "folded"):
-        return None
-    return {"folded": list(verifier.folded), "positions": list(verifier.positions),
-            "ffn_folded": list(verifier.ffn_folded)}
+    def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]: ...

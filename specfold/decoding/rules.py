@@ -1,91 +1,69 @@
-"""Unmask rules (SPEC §4): (block state, logits at candidate positions) -> positions to unmask + tokens.
+"""Unmask rules (SPEC §4): (block state, scored candidates) -> the next block state. Host only.
 
-A rule is a pure function of its inputs and the step index inside the block, so a state's logits can
-be cached and reused (speculative decoding) without changing the trajectory.
+A rule is a pure function of plain Python data: the block state (a list of token ids), the scored
+candidates (`Scored`, host lists that the runner read back from the device once per step, see
+decoding/readout.py) and the step index inside the block. So a state's scores can be stored and
+reused (speculative decoding) without changing the trajectory, and no rule ever touches a tensor.
 
 Invariants (temperature 0):
-- the mask token's logit is set to -inf before anything else; token = argmax, confidence from the
-  rule's confidence kind (max_prob default, margin, neg_entropy);
+- the mask token never wins (the readout sets its logit to -inf); token = argmax, confidence of the
+  rule's kind (max_prob default, margin, neg_entropy), float64;
 - only masked positions in the rule's region are candidates; ties go to the lower position;
 - every step unmasks at least one position, except the Dream schedule, which may unmask none.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
-import torch
-
-from specfold.params import DecodeParams
+from specfold.params import EngineConfig
 
 
 @dataclass(slots=True)
 class Scored:
-    positions: torch.Tensor  # [C] candidate window positions, ascending
-    tokens: torch.Tensor  # [C] chosen token per candidate
-    conf: torch.Tensor  # [C] confidence (float64)
-    top: torch.Tensor | None = None  # [C, K] the K most likely token ids (column 0 = argmax), when asked
+    positions: list[int]  # [C] candidate window positions, ascending
+    tokens: list[int]  # [C] chosen token per candidate
+    conf: list[float]  # [C] confidence (float64)
+    top: list[list[int]] | None = None  # [C][K] the K most likely ids (column 0 = argmax at T = 0)
 
 
-def score(logits: torch.Tensor, positions: torch.Tensor, mask_id: int, kind: str, temperature: float,
-          generator: torch.Generator | None, topk: int = 0) -> Scored:
-    """logits [C, V] at candidate `positions` -> tokens and confidences (and, for draft policies that
-    read vocabulary ranks beyond the argmax, the `topk` most likely ids; never changes tokens/conf)."""
-    lg = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32).clone()
-    lg[:, mask_id] = float("-inf")
-    if temperature > 0:
-        lg = lg / temperature
-    logp = torch.log_softmax(lg, dim=-1)
-    probs = logp.exp()
-    if temperature > 0:
-        u = torch.rand(lg.shape, generator=generator, dtype=torch.float64, device=lg.device).clamp_(1e-20, 1.0)
-        tokens = (logp.double() - torch.log(-torch.log(u))).argmax(-1)
-    else:
-        tokens = lg.argmax(-1)
-    if kind == "max_prob":
-        conf = probs.gather(-1, tokens[:, None])[:, 0]
-    elif kind == "margin":
-        top2 = probs.topk(2, dim=-1).values
-        conf = top2[:, 0] - top2[:, 1]
-    elif kind == "neg_entropy":
-        conf = torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
-    else:
-        raise ValueError(kind)
-    top = None
-    if topk > 0:
-        top = lg.topk(min(topk, lg.shape[-1]), dim=-1).indices
-        if temperature == 0:
-            top[:, 0] = tokens  # ties: the argmax (lowest index) is vocabulary rank 0
-    return Scored(positions, tokens, conf.double(), top)
-
-
-def rank(s: Scored) -> torch.Tensor:
+def rank(s: Scored) -> list[int]:
     """Candidate indices by descending confidence, ties to the lower position (stable sort)."""
-    return torch.sort(s.conf, descending=True, stable=True).indices
+    conf = s.conf
+    return sorted(range(len(conf)), key=lambda i: -conf[i])
 
 
-def _top(s: Scored, k: int) -> torch.Tensor:
+def _top(s: Scored, k: int) -> list[int]:
     return rank(s)[: max(1, min(k, len(s.conf)))]
+
+
+def indices(flags: list[bool]) -> list[int]:
+    return [i for i, f in enumerate(flags) if f]
 
 
 class Rule:
     """Base: `region` picks candidate positions, `select` picks which candidates to unmask."""
 
-    def __init__(self, p: DecodeParams):
+    def __init__(self, p: EngineConfig):
         self.p = p
 
-    def region(self, masked: torch.Tensor, block_start: int) -> torch.Tensor:
-        """masked [W] bool over the window (only positions of the current block are ever masked-and-
-        allowed) -> candidate bool [W]."""
+    def region(self, masked: list[bool], block_start: int) -> list[bool]:
+        """masked [W] over the window (only positions of the current block are ever masked-and-
+        allowed) -> candidate flags [W]."""
         return masked
 
-    def select(self, s: Scored, step: int, masks_at_start: int) -> torch.Tensor:
+    def select(self, s: Scored, step: int, masks_at_start: int) -> list[int]:
         raise NotImplementedError
 
-    def apply(self, state: torch.Tensor, s: Scored, step: int, masks_at_start: int) -> torch.Tensor:
-        idx = self.select(s, step, masks_at_start)
-        nxt = state.clone()
-        nxt[s.positions[idx]] = s.tokens[idx]
+    def apply(self, state: list[int], s: Scored, step: int, masks_at_start: int) -> list[int]:
+        nxt = list(state)
+        for i in self.select(s, step, masks_at_start):
+            nxt[s.positions[i]] = s.tokens[i]
         return nxt
+
+    def passes(self, conf: float) -> bool:
+        tau = self.p.threshold
+        return conf >= tau if self.p.threshold_ge else conf > tau
 
 
 class Static(Rule):
@@ -95,11 +73,10 @@ class Static(Rule):
 
 class Threshold(Rule):
     def select(self, s, step, masks_at_start):
-        tau = self.p.threshold
-        ok = (s.conf >= tau) if self.p.threshold_ge else (s.conf > tau)
-        best = _top(s, 1)
-        ok[best] = True
-        return ok.nonzero()[:, 0]
+        ok = [self.passes(c) for c in s.conf]
+        for i in _top(s, 1):
+            ok[i] = True
+        return indices(ok)
 
 
 class SubBlock(Threshold):
@@ -107,23 +84,20 @@ class SubBlock(Threshold):
 
     def region(self, masked, block_start):
         n = self.p.sub_block_size
-        idx = masked.nonzero()[:, 0]
-        if len(idx) == 0:
+        first = next((i for i, m in enumerate(masked) if m), None)
+        if first is None:
             return masked
-        first = idx[0].item()
         lo = block_start + (first - block_start) // n * n
-        out = torch.zeros_like(masked)
-        out[lo: lo + n] = masked[lo: lo + n]
-        return out
+        return [m and lo <= i < lo + n for i, m in enumerate(masked)]
 
 
 class Dynamic(Rule):
     """SDAR: every position with confidence > τ when at least k qualify, else static(k)."""
 
     def select(self, s, step, masks_at_start):
-        ok = s.conf >= self.p.threshold if self.p.threshold_ge else s.conf > self.p.threshold
-        if ok.sum().item() >= min(self.p.tokens_per_step, len(s.conf)):
-            return ok.nonzero()[:, 0]
+        ok = [self.passes(c) for c in s.conf]
+        if sum(ok) >= min(self.p.tokens_per_step, len(s.conf)):
+            return indices(ok)
         return _top(s, self.p.tokens_per_step)
 
 
@@ -138,6 +112,15 @@ class LLaDA(Rule):
         return rank(s)[: min(k, len(s.conf))]
 
 
+@lru_cache(maxsize=64)
+def dream_ratios(steps: int) -> tuple[float, ...]:
+    """1 − t[i+1]/t[i] for timesteps linspace(1, 1e-3, steps+1), in float32 as upstream computes
+    them (made once per step count, on the CPU, outside any decode step)."""
+    import torch
+    t = torch.linspace(1, 1e-3, steps + 1, dtype=torch.float32)
+    return tuple((1 - t[1:] / t[:-1]).tolist())
+
+
 class Dream(Rule):
     """Timesteps linspace(1, 1e-3, steps+1); step i unmasks int(n·(1 − t[i+1]/t[i])) (float32), all at the end."""
 
@@ -146,16 +129,21 @@ class Dream(Rule):
         n = len(s.conf)
         if step >= steps - 1:
             return rank(s)
-        t = torch.linspace(1, 1e-3, steps + 1, dtype=torch.float32)  # a host schedule of scalars
-        k = int(n * (1 - t[step + 1] / t[step]))
+        k = _f32_times(n, dream_ratios(steps)[step])
         return rank(s)[: min(k, n)]
+
+
+def _f32_times(n: int, r: float) -> int:
+    """int(n * r) with the product rounded to float32, as `int(n * tensor_f32)` does."""
+    import struct
+    return int(struct.unpack("f", struct.pack("f", n * r))[0])
 
 
 RULES: dict[str, type[Rule]] = {"static": Static, "threshold": Threshold, "sub_block": SubBlock,
                                 "dynamic": Dynamic, "llada": LLaDA, "dream": Dream}
 
 
-def make_rule(p: DecodeParams) -> Rule:
+def make_rule(p: EngineConfig) -> Rule:
     try:
         return RULES[p.rule](p)
     except KeyError:

@@ -1,31 +1,30 @@
-"""The logits store: exact block state -> the logits a verification computed for it (SPEC §5).
+"""The score store: exact block state -> the scores a verification read for it (SPEC §5). Host only.
 
 A key is (block start, every token from the stored batch's window start `origin` through the block):
-the exact state the logits belong to. Only the newest verification batch is kept (`clear` before
-filling), so memory is bounded by one batch. Keys are tuples of ints (host), never device buffers.
+the exact state the scores belong to. Only the newest verification batch is kept (`clear` before
+filling), so memory is bounded by one batch. Keys are tuples of ints and entries plain host values:
+nothing here holds a tensor.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+from specfold.decoding.rules import Scored
 
 Key = tuple[int, tuple[int, ...]]
 
 
 @dataclass(slots=True)
-class StoredLogits:
-    positions: torch.Tensor  # [C] candidate window indices of the block
-    logits: torch.Tensor  # [C, V] at those positions
+class Entry:
+    scored: Scored  # the rule region's candidates (block-relative positions), at the request's temperature
     node: int  # draft node that produced the state (-1 = the root)
-    ahead_positions: torch.Tensor | None = None  # eager: later blocks' candidates (block-relative)
-    ahead_logits: torch.Tensor | None = None
+    ahead: Scored | None = None  # the region the rule reads next (T = 0): draft material
 
 
-class LogitsStore:
+class ScoreStore:
     def __init__(self, origin: int = 0):
         self.origin = origin  # window start of the stored batch
-        self._d: dict[Key, StoredLogits] = {}
+        self._d: dict[Key, Entry] = {}
 
     def __len__(self) -> int:
         return len(self._d)
@@ -34,16 +33,16 @@ class LogitsStore:
         self._d.clear()
         self.origin = origin
 
-    def key(self, start: int, state: torch.Tensor, seq: torch.Tensor | None = None) -> Key:
+    def key(self, start: int, state: list[int], seq: list[int] | None = None) -> Key:
         """Key of a block state at `start`; `seq` holds the committed tokens by absolute position
         (needed once blocks were committed since the stored batch's window start)."""
         if start == self.origin or seq is None:
-            return start, tuple(state.tolist())
-        return start, tuple(seq[self.origin: start].tolist()) + tuple(state.tolist())
+            return start, tuple(state)
+        return start, tuple(seq[self.origin: start]) + tuple(state)
 
-    def get(self, key: Key) -> StoredLogits | None:
+    def get(self, key: Key) -> Entry | None:
         return self._d.get(key)
 
-    def put(self, key: Key, entry: StoredLogits) -> None:
-        """First writer wins (a duplicate branch state carries the same logits)."""
+    def put(self, key: Key, entry: Entry) -> None:
+        """First writer wins (a duplicate branch state carries the same scores)."""
         self._d.setdefault(key, entry)

@@ -6,10 +6,11 @@
         for d in engine.step():            # RequestDelta per request that advanced
             ...d.new_token_ids, d.text_delta, d.finished, d.output
 
-Each step: admit waiting requests (scheduler.py); every running request's program has said which
-forwards it needs (engine/program.py); the step runs those that fit the row budget in one packed
-call (runner.py), hands each request its results and lets its program run on to its next forwards.
-Requests that finished (or produced final tokens) get a `RequestDelta`.
+Each step: schedule (admit waiting requests, scheduler.py) -> `program.plan(req)` for every running
+request (host: the jobs it needs now) -> `runner.run(jobs)` for those that fit the row budget (one
+packed model call, one host-to-device copy, one read back) -> `program.update(req, results)` (host:
+rules, drafts, bookkeeping) -> a `RequestDelta` for every request that finished or produced final
+tokens. The program is the block program (decoding/program.py) or a causal one: one interface.
 
 Invariants:
 - single-threaded: one caller drives `step()`; the server runs it in one background thread;
@@ -28,8 +29,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specfold.decoding.loop import BlockProgram
 from specfold.decoding.methods import get_method
+from specfold.decoding.program import BlockProgram
+from specfold.decoding.verify.fold import FoldStats
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
 from specfold.engine.scheduler import Scheduler
@@ -52,11 +54,11 @@ class RequestDelta:
 
 def build_program(model, spec, config: EngineConfig):
     """The engine's program for `config.method`: a method builder returns (policy, verifier) for the
-    block program, or a program of its own (an object with next_forwards/absorb)."""
+    block program, or a program of its own (the causal methods)."""
     built = get_method(config.method)(model, spec, config)
     if isinstance(built, tuple):
         policy, verifier = built
-        return BlockProgram(model, spec, config, policy, verifier)
+        return BlockProgram(spec, config, policy, verifier)
     return built
 
 
@@ -66,7 +68,7 @@ class Engine:
         self.model, self.spec, self.tokenizer = llm.model, llm.spec, getattr(llm, "tokenizer", None)
         self.config = (config or EngineConfig()).resolve(self.spec)
         self.program = program if program is not None else build_program(self.model, self.spec, self.config)
-        self.runner = ModelRunner(self.model, getattr(self.program, "verifier", None))
+        self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id)
         self.scheduler = Scheduler(self.config)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -80,18 +82,19 @@ class Engine:
         check_prompt_ids(prompt_ids, self.spec.vocab_size, self.spec.max_position_embeddings, params.max_new_tokens)
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
-        return self.config.for_request(self.spec, params.max_new_tokens)
+        return self.config.for_request(self.spec, params.max_new_tokens, self.program.whole_blocks)
 
     def can_add(self) -> bool:
         return not self.scheduler.full(len(self.waiting) + len(self.running))
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    prompt: str | None = None) -> str:
+                    prompt: str | None = None, config: EngineConfig | None = None) -> str:
         """Queue a request; raises EngineFull when `max_num_seqs + max_waiting` are held, ParamsError
-        for a request this model cannot decode."""
+        for a request this model cannot decode. `config`: what `validate` returned for this prompt
+        and params (then they are not checked again)."""
         if not isinstance(params, SamplingParams):
             raise ParamsError(f"params must be SamplingParams, got {type(params).__name__}")
-        cfg = self.validate(list(prompt_ids), params)
+        cfg = config if config is not None else self.validate(list(prompt_ids), params)
         if not self.can_add():
             raise EngineFull(f"the engine holds {len(self.running)} running and {len(self.waiting)} waiting requests "
                              f"(max_num_seqs={self.config.max_num_seqs}, max_waiting={self.config.max_waiting}); "
@@ -129,24 +132,21 @@ class Engine:
         touched: list[Request] = []
         with torch.inference_mode():
             for req in self.scheduler.admit(self.waiting, self.running):
-                req.phase = "prefill"
-                self.program.start(req)
-                self._advance(req)
-                touched.append(req)
-            chosen = self.scheduler.select([r for r in self.running if r.pending])
-            flat = [f for r in chosen for f in r.pending]
+                self.program.start(req, self.model.new_cache)
+            plans = self._plan(touched)
+            chosen = self.scheduler.select(plans)
+            jobs = [j for _, js in chosen for j in js]
             t0 = time.perf_counter()
-            results = self.runner.run(flat)
+            results = self.runner.run(jobs)
             dt = time.perf_counter() - t0
             i = 0
-            for req in chosen:
-                k = len(req.pending)
-                req.pending = None
+            for req, js in chosen:
                 req.counters.model_seconds += dt
-                self.program.absorb(req, results[i: i + k])
-                i += k
-                self._advance(req)
+                self.program.update(req, results[i: i + len(js)])
+                i += len(js)
                 touched.append(req)
+                if self.program.done(req):
+                    self._finish(req, req.finish_reason or "length")
         self.steps += 1
         for req in dict.fromkeys(touched):
             d = self._delta(req)
@@ -154,14 +154,18 @@ class Engine:
                 deltas.append(d)
         return deltas
 
-    def _advance(self, req: Request) -> None:
-        """Let the request's program run on to the forwards it needs next (or to its end)."""
-        req.draft_budget = self.scheduler.draft_budget(len(self.running), req.config.block_size or 1)
-        fws = self.program.next_forwards(req)
-        if fws:
-            req.pending = fws
-        else:
-            self._finish(req, req.finish_reason or "length")
+    def _plan(self, touched: list[Request]) -> list[tuple[Request, list]]:
+        """Every running request's jobs for this step (host work: drafts); a request with none is done."""
+        out = []
+        for req in list(self.running):
+            req.draft_budget = self.scheduler.draft_budget(len(self.running), req.config.block_size or 1)
+            jobs = self.program.plan(req)
+            if jobs:
+                out.append((req, jobs))
+            else:
+                self._finish(req, req.finish_reason or "length")
+                touched.append(req)
+        return out
 
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:
@@ -186,10 +190,9 @@ class Engine:
     def _output(self, req: Request) -> RequestOutput:
         st = req.stats
         st.tokens = len(req.output_ids)
-        req.counters.write(st, getattr(getattr(self.program, "verifier", None), "delta", None))
-        report = getattr(self.program, "report", None)
-        if report is not None:
-            report(req)
+        delta = getattr(self.program.verifier, "delta", None)
+        req.counters.write(st, lambda counts: FoldStats.from_counts(counts).report(delta))
+        self.program.report(req)
         if self.tokenizer is not None and not req.text and req.output_ids and req.finish_reason == "abort":
             req.text = self.tokenizer.decode(req.output_ids)
         return RequestOutput(prompt=req.prompt, prompt_token_ids=req.prompt_ids, token_ids=list(req.output_ids),

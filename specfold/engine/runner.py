@@ -1,40 +1,106 @@
-"""The model runner: the forwards of one engine step -> their results, in as few model calls as the
-verifier allows.
+"""The model runner: the jobs of one engine step -> their host results, in one packed model call,
+one host-to-device copy and one device-to-host read.
 
-With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit) goes
-into ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
-`verifier.verify_many` (or one `verifier(...)` per forward when it has none: see
-decoding/plugins.py) and the rest through one `forward_many`. A root-only verification (one branch,
-e.g. when the adaptive draft budget is 0) joins the dense call: a verifier only changes how draft
-rows are computed (a folded verifier always recomputes the root), so its logits are the dense ones.
+1. Every job's integer data (branch tokens, head rows) goes to the device in ONE copy (from pinned
+   memory on CUDA); positions and masks are made on the device from each job's window start.
+2. With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit)
+   runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
+   `verifier.verify_many` and the rest through one `forward_many`. A root-only verification joins
+   the dense call: a verifier only changes how draft rows are computed. Reuse jobs (eager commits)
+   write K/V from earlier hidden states first.
+3. Every job's `Read` is computed on the device (decoding/readout.py) over its logits rows; the
+   reads of all jobs are concatenated and copied to the host at once: the step's only read, apart
+   from the folded verifier's gate (one per layer).
 """
 from __future__ import annotations
 
-from specfold.decoding.plugins import verify_many
-from specfold.engine.forward import Forward, ForwardResult
+import torch
+
+from specfold.decoding.jobs import Job, JobResult
+from specfold.decoding.layout import build_mask
+from specfold.decoding.readout import read_rows, split_rows
+from specfold.models.forward import Forward, ForwardResult
 from specfold.models.transformer import Transformer
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, verifier):
-        self.model, self.verifier = model, verifier
+    def __init__(self, model: Transformer, verifier, mask_id: int):
+        self.model, self.verifier, self.M = model, verifier, mask_id
+        self.device = model.device
 
-    def run(self, forwards: list[Forward]) -> list[ForwardResult]:
-        if not forwards:
+    def run(self, jobs: list[Job]) -> list[JobResult]:
+        if not jobs:
             return []
+        forwards = self._to_device(jobs)
+        logits: list[torch.Tensor | None] = [None] * len(jobs)
+        results: list[ForwardResult | None] = [None] * len(jobs)
+        for i, j in enumerate(jobs):
+            if j.kind == "reuse":
+                logits[i] = self._reuse(j, forwards[i])
+        idx = [i for i, j in enumerate(jobs) if j.kind != "reuse"]
+        for i, r in zip(idx, self._forward([forwards[i] for i in idx])):
+            results[i], logits[i] = r, r.logits
+        rows = self._read(jobs, logits)
+        return [JobResult(rows[i], r.hidden if r is not None else None, r.stats if r is not None else None)
+                for i, r in enumerate(results)]
+
+    # ------------------------------------------------------------------ host -> device
+    def _to_device(self, jobs: list[Job]) -> list[Forward]:
+        flat: list[int] = []
+        for j in jobs:
+            for t in j.tokens:
+                flat += t
+            flat += j.logits_at or []
+        buf = torch.tensor(flat, dtype=torch.long)
+        if self.device.type == "cuda":
+            buf = buf.pin_memory().to(self.device, non_blocking=True)
+        elif buf.device != self.device:
+            buf = buf.to(self.device)
+        out, o = [], 0
+        for j in jobs:
+            B, T = len(j.tokens), j.width
+            toks = buf[o: o + B * T].view(B, T)
+            o += B * T
+            k = len(j.logits_at or [])
+            at = buf[o: o + k] if j.logits_at is not None else None
+            o += k
+            pos = torch.arange(j.start, j.start + T, device=self.device)
+            out.append(Forward(toks, pos, j.cache, build_mask(j.mask, pos), j.write_cache, at, j.head,
+                               list(j.parents), j.return_hidden, j.kind))
+        return out
+
+    # ------------------------------------------------------------------ the model
+    def _forward(self, forwards: list[Forward]) -> list[ForwardResult]:
         v = self.verifier
-        if v is None or getattr(v, "packs_with_model", False) and type(v).verify_many is _dense_verify_many():
-            return self.model.forward_many(forwards)
+        if v is None or v.packs_with_model:
+            return self.model.forward_many(forwards) if forwards else []
         out: list[ForwardResult | None] = [None] * len(forwards)
         ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and f.tokens.shape[0] > 1]
-        rest = [i for i, f in enumerate(forwards) if not (f.kind == "verify" and f.tokens.shape[0] > 1)]
+        rest = [i for i in range(len(forwards)) if i not in set(ver)]
         for idx, res in ((rest, self.model.forward_many([forwards[i] for i in rest]) if rest else []),
-                         (ver, verify_many(v, [forwards[i] for i in ver]) if ver else [])):
+                         (ver, v.verify_many([forwards[i] for i in ver]) if ver else [])):
             for i, r in zip(idx, res):
                 out[i] = r
         return out
 
+    def _reuse(self, job: Job, f: Forward) -> torch.Tensor | None:
+        """An eager commit: K/V from the kept hidden states; the head on the last row when read."""
+        *layers, final = job.hidden
+        self.model.write_kv(job.cache, layers, f.positions)
+        return self.model.head(final[-1:], job.head)[None] if job.read is not None else None
 
-def _dense_verify_many():
-    from specfold.decoding.verify.dense import DenseVerifier
-    return DenseVerifier.verify_many
+    # ------------------------------------------------------------------ device -> host
+    def _read(self, jobs: list[Job], logits: list[torch.Tensor | None]) -> list[list]:
+        parts, counts = [], []
+        for j, lg in zip(jobs, logits):
+            n = 0 if (j.read is None or lg is None) else lg.shape[0] * lg.shape[1]
+            counts.append(n)
+            if n:
+                parts.append(read_rows(lg.reshape(n, -1), self.M, j.read).reshape(-1))
+        flat = torch.cat(parts).tolist() if parts else []  # the step's one read
+        out, o = [], 0
+        for j, n in zip(jobs, counts):
+            w = j.read.width if n else 0
+            out.append(split_rows(flat[o: o + n * w], n, j.read) if n else [])
+            o += n * w
+        return out

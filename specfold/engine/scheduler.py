@@ -5,7 +5,7 @@ Rules (EngineConfig documents the knobs):
   refuses a request (`EngineFull`) when `max_num_seqs + max_waiting` are already held;
 - a step runs the pending forwards of running requests in arrival order while their token rows
   (branches × window) fit `max_num_batched_tokens`; the first always runs, so a step never stalls;
-  a request whose forwards do not fit waits for the next step with its forwards unchanged;
+  a request whose jobs do not fit is planned again next step (the same jobs: planning is pure);
 - adaptive drafts: with n running requests and block windows of N positions, each verification
   gets at most max(0, (draft_rows - n·N) // (n·N)) draft branches: the roots always fit, drafts
   only use the rows left. With `adaptive_drafts=False` there is no cap (the method's own B).
@@ -43,13 +43,14 @@ class Scheduler:
         rows = max(1, n_running) * max(1, window)
         return max(0, (c.draft_rows - rows) // rows)
 
-    def select(self, ready: list[Request]) -> list[Request]:
+    def select(self, plans: list[tuple[Request, list]]) -> list[tuple[Request, list]]:
+        """The planned requests whose jobs fit the step's row budget (the first always)."""
         budget = self.config.max_num_batched_tokens
         chosen, used = [], 0
-        for req in ready:
-            rows = sum(f.rows for f in req.pending)
+        for req, jobs in plans:
+            rows = sum(j.rows for j in jobs)
             if chosen and used + rows > budget:
                 continue
-            chosen.append(req)
+            chosen.append((req, jobs))
             used += rows
         return chosen

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfold.engine.forward import Forward, ForwardResult
+from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.rope import Rope, apply_rope
 from specfold.models.spec import ModelSpec
@@ -313,7 +313,7 @@ class Transformer(nn.Module):
             idx = [i for i, f in enumerate(forwards) if f.head == kind]
             rows = self.head(torch.cat([sel[i].reshape(-1, d) for i in idx]), kind)
             for i, part in zip(idx, rows.split([sel[i].shape[0] * sel[i].shape[1] for i in idx])):
-                logits[i] = part.view(sel[i].shape[0], sel[i].shape[1], -1)
+                logits[i] = part.view(sel[i].shape[0], sel[i].shape[1], rows.shape[-1])
         return [ForwardResult(lg, h) for lg, h in zip(logits, hidden)]
 
     def write_kv(self, cache: PrefixCache, hidden: list[torch.Tensor], positions: torch.Tensor) -> None:

@@ -5,9 +5,9 @@
   single- and multi-branch;
 - `branches.py`: the alternative drafts of multi-branch LinearSpec, built from the draft forwards'
   distributions (no extra forward);
-- `state.py`: the per-request state object and the token choice shared by both programs;
-- `driver.py`: runs one request by executing each `Forward` with `model.forward` (or a verifier).
+- `state.py`: the per-request state object, how the causal choice is read, and forward counts;
+- `program.py`: the engine hooks (start / plan / update), as for the block program.
 
-A program never calls the model: `next_forwards(state) -> list[Forward]` says what it needs now and
-`absorb(state, results)` takes the `ForwardResult`s. All per-request state lives on the state object.
+A program never calls the model or reads a tensor: `plan(req, state) -> [Job]` says what it needs
+now and `update(req, state, results)` takes the host `JobResult`s.
 """

@@ -19,11 +19,8 @@ Which families: a causal next-token head is needed.
 """
 from __future__ import annotations
 
-import torch
-
-from specfold.decoding.causal.state import CausalState, choose
-from specfold.decoding.layout import causal
-from specfold.engine.forward import Forward, ForwardResult
+from specfold.decoding.causal.state import CausalState, causal_read, commit, count
+from specfold.decoding.jobs import Job, JobResult
 from specfold.errors import ParamsError
 from specfold.models.spec import ModelSpec
 
@@ -39,39 +36,34 @@ def causal_head(spec: ModelSpec, method: str) -> str:
                       f"{spec.family} is {spec.attention}{'' if spec.logits_shift else ' without logits shift'}")
 
 
-def prefill_forward(st: CausalState, head: str) -> Forward:
-    """The prompt through one causal forward that writes the cache; logits at its last position."""
-    dev = st.cache.k.device
-    L = len(st.prompt)
-    pos = torch.arange(L, device=dev)
-    return Forward(torch.tensor([st.prompt], dtype=torch.long, device=dev), pos, st.cache, causal(pos),
-                   write_cache=True, logits_at=torch.tensor([L - 1], device=dev), head=head, kind="prefill")
+def prefill_job(req, head: str) -> Job:
+    """The prompt through one causal forward that writes the cache; the choice at its last position."""
+    L = len(req.prompt_ids)
+    return Job([list(req.prompt_ids)], 0, req.cache, ("causal",), write_cache=True, logits_at=[L - 1], head=head,
+               kind="prefill", read=causal_read(req, [L]))
 
 
 class AR:
-    """`next_forwards` / `absorb` program of autoregressive decoding (one request per state)."""
+    """Autoregressive decoding (host; one `CausalState` per request)."""
     name = "ar"
-
     N = 1  # rows of a decode forward (cache headroom)
 
     def __init__(self, spec: ModelSpec):
         self.M = spec.mask_token_id
         self.head = causal_head(spec, "ar")
 
-    def next_forwards(self, st: CausalState) -> list[Forward]:
-        if st.done:
-            return []
+    def plan(self, req, st: CausalState) -> list[Job]:
         if st.phase == "prefill":
-            return st.ask([prefill_forward(st, self.head)])
-        dev = st.cache.k.device
-        pos = torch.tensor([st.start], device=dev)
-        tok = torch.tensor([[st.generated[-1]]], dtype=torch.long, device=dev)
-        return st.ask([Forward(tok, pos, st.cache, None, write_cache=True, head=self.head, kind="decode")])
+            return [prefill_job(req, self.head)]
+        q = len(req.prompt_ids) + len(st.generated)  # the position this forward predicts
+        return [Job([[st.generated[-1]]], st.start, req.cache, None, write_cache=True, logits_at=[0], head=self.head,
+                    kind="decode", read=causal_read(req, [q]))]
 
-    def absorb(self, st: CausalState, results: list[ForwardResult]) -> None:
-        kind = "prefill" if st.phase == "prefill" else "decode"
-        st.count(kind)
-        q = len(st.prompt) + len(st.generated)  # the position this forward predicts
-        tok = choose(results[0].logits[0, -1:], torch.tensor([q]), self.M, st.temperature, st.seed)
-        if not st.emit([int(tok[0])]):
+    def update(self, req, st: CausalState, results: list[JobResult]) -> None:
+        if st.phase == "prefill":
+            count(req, "prefill", len(req.prompt_ids))
+            req.counters.prefill_forwards += 1
+        else:
+            count(req, "decode", 1)
+        if not commit(req, st, [results[0].rows[0].token_t], self.M):
             st.phase = "decode"

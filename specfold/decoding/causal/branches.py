@@ -1,4 +1,4 @@
-"""Alternative drafts of multi-branch LinearSpec, from the draft forwards' own distributions.
+"""Alternative drafts of multi-branch LinearSpec, from the draft forwards' own distributions (host).
 
 Every draft forward of a round already returns a distribution at each position it scores. Besides the
 main draft (exactly the single-branch draft), a round can verify, in the same batched causal forward:
@@ -16,67 +16,65 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
+from specfold.decoding.readout import Row
 
 
 @dataclass
 class DraftRecord:
     """What the draft forwards of one round said, per block position (position 0 = last committed)."""
-    p1: torch.Tensor  # [n] float64: probability of the committed draft token (1 at position 0)
-    t2: torch.Tensor  # [n] long: second most likely token (-1 where unknown)
-    p2: torch.Tensor  # [n] float64: its probability (0 where unknown)
-    fills: list[torch.Tensor] = field(default_factory=list)  # [n] lower-threshold drafts
+    p1: list[float]  # [n] probability of the committed draft token (1 at position 0)
+    t2: list[int]  # [n] second most likely token (-1 where unknown)
+    p2: list[float]  # [n] its probability (0 where unknown)
+    fills: list[list[int]] = field(default_factory=list)  # [n] lower-threshold drafts
 
     @classmethod
-    def empty(cls, n: int, device) -> "DraftRecord":
-        return cls(torch.ones(n, dtype=torch.float64, device=device),
-                   torch.full((n,), -1, dtype=torch.long, device=device),
-                   torch.zeros(n, dtype=torch.float64, device=device))
+    def empty(cls, n: int) -> "DraftRecord":
+        return cls([1.0] * n, [-1] * n, [0.0] * n)
 
 
-def observe(rec: DraftRecord, before: torch.Tensor, after: torch.Tensor, pos: torch.Tensor,
-            logits: torch.Tensor, mask_id: int) -> None:
-    """Record one draft forward: block `before` -> `after` ([n]); `logits` [C, V] at block `pos` [C]."""
-    lg = logits.double().clone()
-    lg[:, mask_id] = float("-inf")
-    top = torch.softmax(lg, dim=-1).topk(min(2, lg.shape[-1]), dim=-1)
-    new = (before[pos] == mask_id) & (after[pos] != mask_id)
-    p = pos[new]
-    rec.p1[p] = top.values[new, 0]
-    if top.values.shape[1] > 1:
-        rec.t2[p] = top.indices[new, 1]
-        rec.p2[p] = top.values[new, 1]
-    if bool((after == mask_id).any()):
-        fill = after.clone()
-        still = fill[pos] == mask_id
-        fill[pos[still]] = top.indices[still, 0]
-        if not bool((fill == mask_id).any()):
+def observe(rec: DraftRecord, before: list[int], after: list[int], pos: list[int], rows: list[Row],
+            mask_id: int) -> None:
+    """Record one draft forward: block `before` -> `after`; `rows` (top-2 ids and probabilities, mask
+    excluded) at block positions `pos`."""
+    for p, r in zip(pos, rows):
+        if before[p] == mask_id and after[p] != mask_id:
+            rec.p1[p] = r.top_probs[0]
+            if len(r.top) > 1:
+                rec.t2[p], rec.p2[p] = r.top[1], r.top_probs[1]
+    if mask_id in after:
+        fill = list(after)
+        for p, r in zip(pos, rows):
+            if fill[p] == mask_id:
+                fill[p] = r.top[0]
+        if mask_id not in fill:
             rec.fills.append(fill)
 
 
-def build(rec: DraftRecord, main: torch.Tensor, budget: int) -> list[torch.Tensor]:
+def build(rec: DraftRecord, main: list[int], budget: int) -> list[list[int]]:
     """Up to `budget` distinct drafts [n], main first (then the first lower-threshold fill, the
     top-2 swaps by score, the other fills)."""
-    out: list[torch.Tensor] = [main]
-    seen = {tuple(main.tolist())}
+    out: list[list[int]] = [list(main)]
+    seen = {tuple(main)}
 
-    def add(t: torch.Tensor) -> None:
-        key = tuple(t.tolist())
-        if len(out) < budget and key not in seen:
-            seen.add(key)
+    def add(t: list[int]) -> None:
+        if len(out) < budget and tuple(t) not in seen:
+            seen.add(tuple(t))
             out.append(t)
 
     if rec.fills:
         add(rec.fills[0])
-    n = main.shape[0]
+    n = len(main)
     if n > 1:
-        reach = torch.cat([rec.p1.new_ones(2), torch.cumprod(rec.p1[1:], 0)[:-1]])  # [n]: Π_{0<j<i} p1
-        gain = torch.where(rec.t2 >= 0, reach * rec.p2, torch.full_like(reach, -1.0))
+        reach, acc = [1.0, 1.0], 1.0  # reach[i] = Π_{0<j<i} p1(j)
+        for i in range(2, n):
+            acc *= rec.p1[i - 1]
+            reach.append(acc)
+        gain = [reach[i] * rec.p2[i] if rec.t2[i] >= 0 else -1.0 for i in range(n)]
         gain[0] = -1.0
-        for i in torch.sort(gain, descending=True, stable=True).indices.tolist():
+        for i in sorted(range(n), key=lambda i: -gain[i]):
             if len(out) >= budget or gain[i] < 0:
                 break
-            swap = main.clone()
+            swap = list(main)
             swap[i] = rec.t2[i]
             add(swap)
     for f in rec.fills[1:]:

@@ -30,38 +30,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from specfold.decoding.causal import branches as alt
-from specfold.decoding.causal.ar import causal_head, prefill_forward
-from specfold.decoding.causal.state import CausalState, choose
-from specfold.decoding.layout import causal
-from specfold.decoding.rules import Rule, score
-from specfold.engine.forward import Forward, ForwardResult
+from specfold.decoding.causal.ar import causal_head, prefill_job
+from specfold.decoding.causal.state import CausalState, causal_read, commit, count, remaining
+from specfold.decoding.jobs import Job, JobResult
+from specfold.decoding.readout import Read
+from specfold.decoding.rules import Rule, Scored, indices
 from specfold.errors import ParamsError
 from specfold.models.spec import ModelSpec
 
 
 @dataclass
 class Round:
-    block: torch.Tensor  # [n] main draft: [last committed, drafted tokens / masks]
+    block: list[int]  # [n] main draft: [last committed, drafted tokens / masks]
     masks_at_start: int
     record: alt.DraftRecord
     step: int = 0
-    batch: torch.Tensor | None = None  # [B, n] the verified drafts (branch 0 = main)
-
-
-def draft_mask(a: int, n: int, device) -> torch.Tensor:
-    """[a+n, a+n]: `a` pending rows causal among themselves; the n block rows see everything."""
-    m = torch.ones(a + n, a + n, dtype=torch.bool, device=device)
-    if a:
-        m[:a, :a] = causal(torch.arange(a, device=device))
-        m[:a, a:] = False
-    return m
+    batch: list[list[int]] | None = None  # [B][n] the verified drafts (branch 0 = main)
 
 
 class LinearSpec:
-    """`next_forwards` / `absorb` program of LinearSpec (one request per state)."""
+    """LinearSpec rounds (host; one `CausalState` per request)."""
     name = "linear_spec"
 
     def __init__(self, spec: ModelSpec, rule: Rule, block_size: int, branches: int = 1,
@@ -74,85 +63,81 @@ class LinearSpec:
         self.head = causal_head(spec, "linear_spec")
         self.branches, self.confidence = int(branches), confidence
 
-    # ------------------------------------------------------------------ forwards
-    def next_forwards(self, st: CausalState) -> list[Forward]:
-        if st.done:
-            return []
+    # ------------------------------------------------------------------ jobs
+    def plan(self, req, st: CausalState) -> list[Job]:
         if st.phase == "prefill":
-            return st.ask([prefill_forward(st, self.head)])
+            return [prefill_job(req, self.head)]
         r: Round = st.round
-        dev = st.cache.k.device
-        pend = torch.tensor(st.pending, dtype=torch.long, device=dev)
-        a, n = len(st.pending), r.block.shape[0]
-        pos = torch.arange(st.start - a, st.start + n, device=dev)
+        a, n = len(st.pending), len(r.block)
         if st.phase == "draft":
-            region = self.rule.region(r.block == self.M, 0).nonzero()[:, 0]
-            toks = torch.cat([pend, r.block])[None]
-            return st.ask([Forward(toks, pos, st.cache, draft_mask(a, n, dev), write_cache=a > 0,
-                                   logits_at=a + region, head="lm", kind="draft")])
-        drafts = [r.block] if self.branches == 1 else alt.build(r.record, r.block, self._budget(st))
-        r.batch = torch.stack(drafts)
-        toks = torch.cat([pend.expand(len(drafts), a), r.batch], dim=1)
-        return st.ask([Forward(toks, pos, st.cache, causal(pos), write_cache=len(drafts) == 1,
-                               logits_at=torch.arange(a, a + n, device=dev), head=self.head,
-                               parents=[-1] + [0] * (len(drafts) - 1),
-                               kind="verify" if len(drafts) > 1 else "commit")])
+            region = self._region(r)
+            read = Read(kind=self.confidence, topk=2 if self.branches > 1 else 0, probs=self.branches > 1)
+            return [Job([st.pending + r.block], st.start - a, req.cache, ("pending", a), write_cache=a > 0,
+                        logits_at=[a + i for i in region], head="lm", kind="draft", read=read)]
+        drafts = [r.block] if self.branches == 1 else alt.build(r.record, r.block, self._budget(req))
+        r.batch = drafts
+        q = [st.start + i + 1 for i in range(n)]
+        return [Job([st.pending + d for d in drafts], st.start - a, req.cache, ("causal",),
+                    write_cache=len(drafts) == 1, logits_at=list(range(a, a + n)), head=self.head,
+                    parents=[-1] + [0] * (len(drafts) - 1), kind="verify" if len(drafts) > 1 else "commit",
+                    read=causal_read(req, q * len(drafts)))]
 
-    def _budget(self, st: CausalState) -> int:
+    def _region(self, r: Round) -> list[int]:
+        return indices(self.rule.region([t == self.M for t in r.block], 0))
+
+    def _budget(self, req) -> int:
         """Drafts this round may verify: `branches`, capped at 1 + the engine's draft budget."""
-        return self.branches if st.budget is None else max(1, min(self.branches, 1 + st.budget))
+        b = req.draft_budget
+        return self.branches if b is None else max(1, min(self.branches, 1 + b))
 
     # ------------------------------------------------------------------ results
-    def absorb(self, st: CausalState, results: list[ForwardResult]) -> None:
+    def update(self, req, st: CausalState, results: list[JobResult]) -> None:
         res = results[0]
         if st.phase == "prefill":
-            st.count("prefill")
-            q = torch.tensor([len(st.prompt)])
-            tok = choose(res.logits[0, -1:], q, self.M, st.temperature, st.seed)
-            if not st.emit([int(tok[0])]):
-                self._new_round(st)
+            count(req, "prefill", len(req.prompt_ids))
+            req.counters.prefill_forwards += 1
+            if not commit(req, st, [res.rows[0].token_t], self.M):
+                self._new_round(req, st)
         elif st.phase == "draft":
-            self._absorb_draft(st, res)
+            self._absorb_draft(req, st, res)
         else:
-            self._absorb_verify(st, res)
+            self._absorb_verify(req, st, res)
 
-    def _new_round(self, st: CausalState) -> None:
-        n = min(self.N, st.remaining)
-        dev = st.cache.k.device
-        block = torch.full((n,), self.M, dtype=torch.long, device=dev)
+    def _new_round(self, req, st: CausalState) -> None:
+        n = min(self.N, remaining(req, st))
+        block = [self.M] * n
         block[0] = st.generated[-1]
-        st.round = Round(block, n - 1, alt.DraftRecord.empty(n, dev))
+        st.round = Round(block, n - 1, alt.DraftRecord.empty(n))
         st.phase = "draft" if n > 1 else "verify"
 
-    def _absorb_draft(self, st: CausalState, res: ForwardResult) -> None:
-        st.count("draft")
+    def _absorb_draft(self, req, st: CausalState, res: JobResult) -> None:
         r: Round = st.round
+        count(req, "draft", len(st.pending) + len(r.block))
         if st.pending:  # this forward wrote the pending K/V (and the block's): keep the pending only
-            st.cache.truncate(st.start)
+            req.cache.truncate(st.start)
             st.pending = []
-        region = self.rule.region(r.block == self.M, 0).nonzero()[:, 0]
-        logits = res.logits[0]
-        scored = score(logits, region, self.M, self.confidence, 0.0, None)
+        region = self._region(r)
+        scored = Scored(region, [x.token for x in res.rows], [x.conf for x in res.rows])
         nxt = self.rule.apply(r.block, scored, r.step, r.masks_at_start)
         if self.branches > 1:
-            alt.observe(r.record, r.block, nxt, region, logits, self.M)
+            alt.observe(r.record, r.block, nxt, region, res.rows, self.M)
         r.block, r.step = nxt, r.step + 1
-        if not bool((nxt == self.M).any()):
+        if self.M not in nxt:
             st.phase = "verify"
 
-    def _absorb_verify(self, st: CausalState, res: ForwardResult) -> None:
-        st.count("verify")
+    def _absorb_verify(self, req, st: CausalState, res: JobResult) -> None:
         r: Round = st.round
-        B, n = r.batch.shape
-        q = torch.arange(st.start + 1, st.start + n + 1)
+        B, n = len(r.batch), len(r.block)
+        count(req, "verify", B * (len(st.pending) + n))
         best, best_len, best_tok = 0, 0, None
         for b in range(B):
-            ar = choose(res.logits[b], q, self.M, st.temperature, st.seed)
-            match = (ar[: n - 1] == r.batch[b, 1:]).long()
-            acc = int(match.cumprod(0).sum()) + 1
+            ar = [x.token_t for x in res.rows[b * n: (b + 1) * n]]
+            acc = 1
+            while acc < n and ar[acc - 1] == r.batch[b][acc]:
+                acc += 1
             if acc > best_len:
                 best, best_len, best_tok = b, acc, ar
-        ex = st.stats.extra
+        ex = req.stats.extra
         ex["rounds"] = ex.get("rounds", 0) + 1
         ex.setdefault("accept_lengths", []).append(best_len)  # tokens made final by this round
         ex["accepted_drafts"] = ex.get("accepted_drafts", 0) + best_len - 1
@@ -160,10 +145,10 @@ class LinearSpec:
         if best > 0:
             ex["alternative_wins"] = ex.get("alternative_wins", 0) + 1
         if B == 1:  # this forward wrote pending + block: keep the committed part
-            st.cache.truncate(st.start + best_len)
+            req.cache.truncate(st.start + best_len)
             st.pending = []
         else:
-            st.pending = st.pending + r.batch[best, :best_len].tolist()
+            st.pending = st.pending + r.batch[best][:best_len]
         st.round = None
-        if not st.emit(best_tok[:best_len].tolist()):
-            self._new_round(st)
+        if not commit(req, st, best_tok[:best_len], self.M):
+            self._new_round(req, st)

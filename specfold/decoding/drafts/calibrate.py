@@ -52,16 +52,16 @@ class _Recorder(DraftPolicy):
         self.blocks[-1].append(step)
 
 
-def _pattern(order: list[int], src: dict, cur, nxt, mask_id: int):
+def _pattern(order: list[int], src: dict, cur: list[int], nxt: list[int], mask_id: int):
     avail = [pos for pos in order if cur[pos] == mask_id]
     rank_of = {pos: r for r, pos in enumerate(avail)}
     pairs = []
-    for pos in (cur != nxt).nonzero()[:, 0].tolist():
+    for pos in (i for i, (a, b) in enumerate(zip(cur, nxt)) if a != b):
         if pos not in rank_of:
             return None
         sc, i = src[pos]
-        row = sc.top[i].tolist()
-        tok = int(nxt[pos])
+        row = sc.top[i]
+        tok = nxt[pos]
         if tok not in row:
             return None
         pairs.append((rank_of[pos], row.index(tok)))

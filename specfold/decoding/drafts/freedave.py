@@ -19,13 +19,11 @@ seed-token families the next block's first position is guessed first).
 """
 from __future__ import annotations
 
-import torch
-
 from specfold.decoding.drafts import summarize
 from specfold.decoding.drafts.graph import DraftGraph
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
 from specfold.outputs import DecodeStats
-from specfold.params import DecodeParams
+from specfold.params import EngineConfig
 
 
 class FreeDave(DraftPolicy):
@@ -33,7 +31,7 @@ class FreeDave(DraftPolicy):
     topk = 0
     reads_ahead = True
 
-    def __init__(self, params: DecodeParams):
+    def __init__(self, params: EngineConfig):
         k = params.tokens_per_step if params.rule == "static" else 1
         self.depth, self.k, self.eager = params.draft_depth, k, bool(params.eager)
         self.graph = DraftGraph.chain(self.depth - 1, k) if self.depth > 1 else None
@@ -42,7 +40,7 @@ class FreeDave(DraftPolicy):
         want = self.depth * self.k
         return want - masked + 1 if self.eager and self.depth > 1 and masked < want else 0
 
-    def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
+    def drafts(self, root: list[int], parent: Step | None, ctx: BlockContext) -> list[Draft]:
         if self.graph is None:
             return []
         return self.graph.realize(root, parent, ctx)

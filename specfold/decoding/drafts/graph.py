@@ -22,8 +22,6 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from specfold.decoding.plugins import BlockContext, Draft, Step
 from specfold.decoding.rules import Scored, rank
 from specfold.errors import ConfigError
@@ -39,13 +37,13 @@ def fill_order(step: Step, seed_block: int | None = None) -> tuple[list[int], di
     With `seed_block` = N (seed-token families), a later block's first position leads the look-ahead:
     vanilla starts every block with its seed filled."""
     s, order, src = step.scored, [], {}
-    for i in rank(s).tolist():
-        p = int(s.positions[i])
+    for i in rank(s):
+        p = s.positions[i]
         order.append(p)
         src[p] = (s, i)
     a = step.ahead
-    if a is not None and len(a.conf):
-        nxt = [(int(a.positions[i]), i) for i in rank(a).tolist()]
+    if a is not None and a.conf:
+        nxt = [(a.positions[i], i) for i in rank(a)]
         if seed_block:
             nxt.sort(key=lambda x: not (x[0] >= seed_block and x[0] % seed_block == 0))  # stable
         for p, i in nxt:
@@ -208,9 +206,9 @@ class DraftGraph:
             raise GraphError(f"{path}: {e}") from None
 
     # ------------------------------------------------------------------ realization
-    def realize(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext,
+    def realize(self, root: list[int], parent: Step | None, ctx: BlockContext,
                 limit: int | None = None) -> list[Draft]:
-        """Block states of the (first `limit`) nodes, filled from the parent step's ranking and logits.
+        """Block states of the (first `limit`) nodes, filled from the parent step's ranking and scores.
 
         Duplicate states (and states equal to the root) are dropped; a dropped node's children hang
         from the branch holding its state. Draft.node = graph node index (1-based)."""
@@ -220,43 +218,24 @@ class DraftGraph:
         W = max(ctx.width, N)
         allowed = ctx.window_allowed if ctx.window_allowed is not None else ctx.allowed
         order, src = fill_order(parent, N if ctx.seed_token else None)
-        order = [p for p in order if p < W and (p < N or bool(allowed[p]))]
+        order = [p for p in order if p < W and (p < N or allowed[p])]
         M = ctx.mask_id
+        root = list(root)
         if order and max(order) >= N:  # eager: the drafts reach into the next block
-            root = torch.cat([root, torch.full((W - N,), M, dtype=root.dtype, device=root.device)])
-        states: list[torch.Tensor | None] = [root]
+            root = root + [M] * (W - N)
+        states: list[list[int] | None] = [root]
         branch_of: list[int] = [0]  # node -> verification branch index
-        seen = {tuple(root.tolist()): 0}
+        seen = {tuple(root): 0}
         drafts: list[Draft] = []
         nodes = self.nodes if limit is None else self.nodes[:limit]
         for i, n in enumerate(nodes, start=1):
             base = states[n.parent]
-            if base is None:
-                states.append(None)
-                branch_of.append(-1)
-                continue
-            avail = [p for p in order if base[p] == M]
-            st = base.clone()
-            ok = True
-            for r, v in n.pairs:
-                if r >= len(avail):
-                    ok = False
-                    break
-                p = avail[r]
-                sc, row = src[p]
-                if v == 0:
-                    st[p] = sc.tokens[row]
-                elif sc.top is not None and v < sc.top.shape[1]:
-                    st[p] = sc.top[row, v]
-                else:
-                    ok = False
-                    break
-            if not ok:
-                states.append(None)
-                branch_of.append(-1)
-                continue
-            key = tuple(st.tolist())
+            st = None if base is None else _fill(base, order, src, n.pairs, M)
             states.append(st)
+            if st is None:
+                branch_of.append(-1)
+                continue
+            key = tuple(st)
             if key in seen:
                 branch_of.append(seen[key])
                 continue
@@ -264,6 +243,24 @@ class DraftGraph:
             seen[key] = len(drafts)
             branch_of.append(len(drafts))
         return drafts
+
+
+def _fill(base: list[int], order: list[int], src: dict, pairs, M: int) -> list[int] | None:
+    """`base` with each (position rank, vocabulary rank) pair filled; None if a rank runs past."""
+    avail = [p for p in order if base[p] == M]
+    st = list(base)
+    for r, v in pairs:
+        if r >= len(avail):
+            return None
+        p = avail[r]
+        sc, row = src[p]
+        if v == 0:
+            st[p] = sc.tokens[row]
+        elif sc.top is not None and v < len(sc.top[row]):
+            st[p] = sc.top[row][v]
+        else:
+            return None
+    return st
 
 
 def load_graph(graph) -> DraftGraph:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
 
 from specfold.decoding.drafts import summarize
 from specfold.decoding.drafts.graph import DraftGraph, GraphError, load_graph
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
 from specfold.models.spec import ModelSpec
 from specfold.outputs import DecodeStats
-from specfold.params import DecodeParams
+from specfold.params import EngineConfig
 
 GRAPHS = Path(__file__).resolve().parent / "graphs"
 
@@ -71,14 +70,14 @@ class Spiffy(DraftPolicy):
         """Eager windows: as far as the deepest node reaches beyond the current block's masks."""
         return self.reach - masked + 1 if self.eager and masked < self.reach else 0
 
-    def drafts(self, root: torch.Tensor, parent: Step | None, ctx: BlockContext) -> list[Draft]:
+    def drafts(self, root: list[int], parent: Step | None, ctx: BlockContext) -> list[Draft]:
         return self.graph.realize(root, parent, ctx)
 
     def summarize(self, stats: DecodeStats) -> None:
         summarize(stats)
 
 
-def make_policy(spec: ModelSpec, params: DecodeParams) -> Spiffy:
+def make_policy(spec: ModelSpec, params: EngineConfig) -> Spiffy:
     depth = params.graph_depth
     graph = (default_graph(spec, params.rule, params.branches, depth) if params.graph is None
              else load_graph(params.graph))

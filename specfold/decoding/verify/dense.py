@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from specfold.engine.forward import Forward, ForwardResult
+from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.transformer import Transformer
 

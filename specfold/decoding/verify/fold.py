@@ -10,12 +10,12 @@ Two entry points:
 - `__call__(tokens, parents, positions, cache, mask, out_idx)`: one request's verification (the
   decode loop). A batch with no drafts (B == 1) is the plain dense `model(...)` forward. Its fold
   statistics are added to the verifier's running totals, read by `report()` and cleared by `reset()`.
-- `verify_many(forwards) -> list[ForwardResult]` (the engine, ENGINE_CONTRACT.md): the `Forward`s of
+- `verify_many(forwards) -> list[ForwardResult]` (the engine's runner): the `Forward`s of
   one engine step in one packed pass. Folding stays inside each forward's branch tree
   (`Forward.parents`), never across forwards; the position-wise work (norms, fused QKV, o_proj, FFN,
   head) runs over the rows of all forwards at once, attention per forward over its own prefix cache
   and window mask. Statistics per forward, in the same order, are left in `self.last_stats`
-  (`list[FoldStats]`) and, where `ForwardResult` has a `stats` field, in `result.stats` as
+  (`list[FoldStats]`) and in `result.stats` as
   `FoldStats.counts()` (per-layer count lists): the engine adds them to request i's counters
   (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
   draft position was verified). `verify_many` does not touch the running totals.
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specfold.engine.forward import Forward, ForwardResult
+from specfold.models.forward import Forward, ForwardResult
 from specfold.kernels import LayerWeights, get_backend
 from specfold.kernels.fold_pack import PackPlan, Segment, packed_fold_layer
 from specfold.models.cache import PrefixCache
@@ -102,9 +102,9 @@ class FoldVerifier:
     name = "fold"
     returns_hidden = True  # eager commits write K/V from the verification's hidden states
 
+    packs_with_model = False
+
     def __init__(self, model: Transformer, delta: float, backend: str = "torch"):
-        if delta < 0:
-            raise ValueError(f"delta must be >= 0, got {delta}")
         self.model, self.delta, self.backend = model, float(delta), backend
         self.be = get_backend(backend)
         self.weights = layer_weights(model)
@@ -208,14 +208,9 @@ class FoldVerifier:
             out = self.model.head(X[torch.cat([picks[i] for i in sel])], kind)
             for i, part in zip(sel, out.split([len(picks[i]) for i in sel])):
                 logits[i] = part.view(segs[i].B1, -1, part.shape[-1])
-        out = [ForwardResult(lg, h if f.return_hidden else None) for lg, h, f in zip(logits, hidden, forwards)]
-        if _RESULT_HAS_STATS:  # the engine's ForwardResult carries per-forward verifier statistics
-            for r, st in zip(out, self.last_stats):
-                r.stats = st.counts()
-        return out
+        return [ForwardResult(lg, h if f.return_hidden else None, st.counts())
+                for lg, h, f, st in zip(logits, hidden, forwards, self.last_stats)]
 
-
-_RESULT_HAS_STATS = "stats" in getattr(ForwardResult, "__dataclass_fields__", {})
 
 _WEIGHTS: "weakref.WeakKeyDictionary[Transformer, list[LayerWeights]]" = weakref.WeakKeyDictionary()
 

@@ -1,9 +1,8 @@
-"""`Forward`: one model call a request asks the engine for (the seam between decoding and the engine).
+"""`Forward`: one model call over device tensors, and its `ForwardResult` (what the model and the
+verifiers take and return).
 
-A request's decoding logic never calls the model itself: it says what forward it needs now, as a
-`Forward`, and receives a `ForwardResult`. The engine gathers the `Forward`s of every running request
-and runs them in one packed model call (position-wise work over all rows, attention per request
-against its own prefix cache). A `Forward` only ever refers to its own request's cache.
+Programs never build these: they ask for host-side `Job`s (decoding/jobs.py), which the engine's
+runner turns into `Forward`s (one host-to-device copy per step) and runs in one packed call.
 
 Invariants:
 - `tokens` [B, T] are B branches of one window of T positions that all share `cache`'s prefix;
@@ -16,12 +15,9 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
 import torch
 
-if TYPE_CHECKING:  # models/ imports this module
-    from specfold.models.cache import PrefixCache
+from specfold.models.cache import PrefixCache
 
 
 @dataclass(slots=True)

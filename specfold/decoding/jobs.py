@@ -1,0 +1,57 @@
+"""`Job`: one forward a program asks for, in host data; `JobResult`: what comes back, in host data.
+
+The seam between the programs and the engine. A program says what it needs with plain Python lists
+(branch tokens, the window's first absolute position, a mask description, the window indices where
+the head runs, what to read from the logits) and gets back host values (`readout.Row`s). The runner
+(engine/runner.py) turns every job of a step into device tensors with one host-to-device copy, runs
+them in one packed model call, computes every read on the device and copies them back at once.
+
+Mask descriptions (decoding/layout.py builds them on the device): None = full attention inside the
+window; ("block", n, origin) = block-causal in blocks of n counted from absolute `origin`;
+("causal",) = causal; ("pending", a) = `a` pending rows causal among themselves, the rest sees all.
+
+A `kind="reuse"` job runs no forward: it writes a window's K/V from hidden states an earlier
+verification returned (`hidden`, device tensors, eager commits) and, when `read` is set, runs the
+head on the window's last row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from specfold.decoding.readout import Read, Row
+from specfold.models.cache import PrefixCache
+
+
+@dataclass(slots=True)
+class Job:
+    tokens: list[list[int]]  # [B][T] branch tokens of one window
+    start: int  # absolute position of window index 0 (positions start .. start+T-1)
+    cache: PrefixCache | None = None
+    mask: tuple | None = None
+    write_cache: bool = False
+    logits_at: list[int] | None = None  # window indices where the head runs (None = none read)
+    head: str = "lm"
+    parents: list[int] = field(default_factory=list)
+    return_hidden: bool = False
+    kind: str = "verify"  # "prefill" | "verify" | "commit" | "draft" | "decode" | "reuse"
+    read: Read | None = None  # what to read at every (branch, logits_at) row, b-major
+    hidden: list | None = None  # reuse jobs: per-layer hidden states [T, d] to write K/V from
+
+    @property
+    def rows(self) -> int:
+        """Token rows this job costs (scheduling budget)."""
+        return 0 if self.kind == "reuse" else len(self.tokens) * len(self.tokens[0])
+
+    @property
+    def width(self) -> int:
+        return len(self.tokens[0])
+
+
+@dataclass(slots=True)
+class JobResult:
+    rows: list[Row]  # b-major over (branch, logits_at)
+    hidden: list | None = None  # device: every layer's input [B, T, d] + the final one, when asked
+    stats: dict | None = None  # verifier statistics (fold counts), host ints
+
+    def row(self, b: int, k: int, per_branch: int) -> Row:
+        return self.rows[b * per_branch + k]

@@ -1,0 +1,128 @@
+"""What a program reads from logits, computed on the device for every row of a step, read back once.
+
+A program never reads a tensor. With each forward it asks for a `Read`: for every logits row the
+forward returns, the argmax token with the mask token excluded and its confidence (of the engine's
+confidence kind), optionally the K most likely ids with their probabilities, and at temperature
+T > 0 a sampled token and its confidence. The runner computes `read_rows` for all forwards of a step,
+concatenates the results and copies them to the host in one read (`ModelRunner`); `split_rows`
+turns the flat host list back into per-row values.
+
+Sampling at T > 0 is Gumbel-max with noise that is a function of a per-row key alone (`Read.keys`):
+the block program keys a row by (seed, block start, exact block state, position), the causal programs
+by (seed, position). So a row's sampled token does not depend on which forward computed it, which is
+what keeps speculative methods lossless against vanilla at any temperature and any batch.
+
+Row layout (float64): [tok0, conf0, (tokT, confT if T > 0), top ids × K, top probs × K if probs].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_STRIDE = 1_000_003  # (seed, position) -> one generator seed (causal programs)
+
+
+@dataclass(slots=True)
+class Read:
+    kind: str = "max_prob"  # confidence kind: max_prob | margin | neg_entropy
+    temperature: float = 0.0
+    topk: int = 0  # K most likely ids per row (0 = none)
+    probs: bool = False  # also their probabilities (at T = 0)
+    keys: list[int] | None = None  # per row (b-major), the noise key at T > 0
+
+    @property
+    def width(self) -> int:
+        return 2 + (2 if self.temperature > 0 else 0) + self.topk * (2 if self.probs else 1)
+
+
+@dataclass(slots=True)
+class Row:
+    token: int  # argmax (T = 0), mask excluded
+    conf: float
+    token_t: int  # the sampled token at T > 0 (= token at T = 0)
+    conf_t: float
+    top: list[int] | None
+    top_probs: list[float] | None
+
+
+def position_key(seed: int, position: int) -> int:
+    return seed * _STRIDE + position
+
+
+def state_key(seed: int, start: int, state: list[int], position: int) -> int:
+    """Noise key of a row that scores absolute `position` of the block state `state` at `start`."""
+    h = hash((seed, start, tuple(state))) & 0x7FFF_FFFF_FFFF
+    return (h * _STRIDE + position) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def read_rows(logits: torch.Tensor, mask_id: int, r: Read) -> torch.Tensor:
+    """logits [R, V] -> [R, r.width] float64 on the same device (no host read)."""
+    lg = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32).clone()
+    lg[:, mask_id] = float("-inf")
+    logp = torch.log_softmax(lg, dim=-1)
+    probs = logp.exp()
+    tok0 = lg.argmax(-1)
+    cols = [tok0.double(), _conf(probs, logp, tok0, r.kind)]
+    if r.temperature > 0:
+        lt = lg / r.temperature
+        logpt = torch.log_softmax(lt, dim=-1)
+        tokt = _gumbel(logpt.double(), r.keys)
+        cols += [tokt.double(), _conf(logpt.exp(), logpt, tokt, r.kind)]
+    out = torch.stack(cols, dim=1)
+    if r.topk:
+        top = lg.topk(min(r.topk, lg.shape[-1]), dim=-1).indices
+        top[:, 0] = tok0  # ties: the argmax (lowest index) is vocabulary rank 0
+        parts = [out, top.double()]
+        if r.probs:
+            parts.append(probs.gather(-1, top).double())
+        out = torch.cat(parts, dim=1)
+    return out
+
+
+def _conf(probs: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, kind: str) -> torch.Tensor:
+    if kind == "max_prob":
+        c = probs.gather(-1, tok[:, None])[:, 0]
+    elif kind == "margin":
+        top2 = probs.topk(min(2, probs.shape[-1]), dim=-1).values
+        c = top2[:, 0] - top2[:, -1] if top2.shape[1] > 1 else top2[:, 0]
+    elif kind == "neg_entropy":
+        c = torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum(-1)
+    else:
+        raise ValueError(kind)
+    return c.double()
+
+
+def _gumbel(logp: torch.Tensor, keys: list[int] | None) -> torch.Tensor:
+    """Gumbel-max per row with noise from a generator seeded by the row's key (on logp's device)."""
+    if keys is None or len(keys) != logp.shape[0]:
+        raise ValueError("a read at temperature > 0 needs one noise key per row")
+    dev, V = logp.device, logp.shape[1]
+    u = torch.empty_like(logp)
+    for i, k in enumerate(keys):
+        g = torch.Generator(device=dev).manual_seed(int(k))
+        u[i] = torch.rand(V, generator=g, dtype=torch.float64, device=dev)
+    u.clamp_(1e-20, 1.0)
+    return (logp - torch.log(-torch.log(u))).argmax(-1)
+
+
+def split_rows(flat: list[float], n: int, r: Read) -> list[Row]:
+    """The host list of `n` rows of layout `r` -> Row objects."""
+    w, out = r.width, []
+    k = r.topk
+    for i in range(n):
+        v = flat[i * w: (i + 1) * w]
+        tok, conf = int(v[0]), v[1]
+        j = 2
+        tok_t, conf_t = tok, conf
+        if r.temperature > 0:
+            tok_t, conf_t, j = int(v[2]), v[3], 4
+        top = [int(x) for x in v[j: j + k]] if k else None
+        tp = v[j + k: j + 2 * k] if k and r.probs else None
+        out.append(Row(tok, conf, tok_t, conf_t, top, tp))
+    return out
+
+
+def read_now(logits: torch.Tensor, mask_id: int, r: Read) -> list[Row]:
+    """Read rows right away (tests and reference code; the engine batches reads per step)."""
+    return split_rows(read_rows(logits, mask_id, r).reshape(-1).tolist(), logits.shape[0], r)

@@ -1,0 +1,95 @@
+"""What a decode program reads and writes of one request: `DecodeRequest` and its typed `Counters`.
+
+The engine's `Request` (engine/request.py) is a `DecodeRequest` plus scheduling and streaming
+fields. A program keeps its own per-request state in `req.state` (a typed object the program
+defines: `BlockState`, `CausalState`), never in loose attributes, and hands final tokens to the
+request with `emit`, the one place where outputs are cut at a stop token and at max_new_tokens.
+
+Invariants:
+- `output_ids` only grows, and only with final tokens, never more than max_new_tokens and nothing
+  from the first stop token on;
+- the seed is fixed when the request is made (drawn when SamplingParams has none).
+"""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from specfold.outputs import DecodeStats
+from specfold.params import EngineConfig, SamplingParams
+
+
+@dataclass
+class Counters:
+    """Typed per-request counters (written into `DecodeStats.extra` under the same names)."""
+    prefill_forwards: int = 0
+    commit_forwards: int = 0
+    commits_reused: int = 0
+    reused_states: int = 0
+    drafts_verified: int = 0
+    eager_windows: int = 0
+    model_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    node_drafts: Counter = field(default_factory=Counter)
+    node_hits: Counter = field(default_factory=Counter)
+    fold: dict | None = None  # summed per-layer fold counters (folded verifiers only)
+
+    def add_fold(self, counts: dict | None) -> None:
+        if counts is None:
+            return
+        if self.fold is None:
+            self.fold = {k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in counts.items()}
+            return
+        for k, v in counts.items():  # per-layer lists add elementwise, scalar counts add
+            old = self.fold.get(k)
+            if isinstance(v, (list, tuple)):
+                self.fold[k] = list(v) if old is None else [a + b for a, b in zip(old, v)]
+            else:
+                self.fold[k] = v if old is None else old + v
+
+    def write(self, stats: DecodeStats, fold_report=None) -> None:
+        """Into `stats.extra`; `fold_report(counts) -> dict` derives the fold ratios (the verifier's)."""
+        ex = stats.extra
+        for name in ("prefill_forwards", "commit_forwards", "commits_reused", "reused_states", "drafts_verified",
+                     "eager_windows", "model_seconds", "draft_seconds"):
+            ex[name] = getattr(self, name)
+        ex["node_drafts"] = dict(sorted(self.node_drafts.items()))
+        ex["node_hits"] = dict(sorted(self.node_hits.items()))
+        if self.fold is not None and fold_report is not None:  # ratios are None where no draft was verified
+            ex.update(fold_report(self.fold))
+
+
+class DecodeRequest:
+    def __init__(self, prompt_ids: list[int], params: SamplingParams, config: EngineConfig, stop_ids: set[int]):
+        self.prompt_ids = list(prompt_ids)
+        self.params = params
+        self.config = config  # the engine config resolved for this request (block size, steps)
+        self.seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.stop_ids = set(stop_ids) | set(params.stop_token_ids or ())
+        self.stats = DecodeStats()
+        self.counters = Counters()
+        self.finish_reason: str | None = None
+        self.output_ids: list[int] = []
+        self.draft_budget: int | None = None  # the scheduler's cap on draft branches (None = no cap)
+        self.state = None  # the program's typed per-request state
+        self.cache = None  # the request's PrefixCache (the program makes it)
+
+    @property
+    def limit(self) -> int:
+        """Positions at or beyond this are never unmasked."""
+        return len(self.prompt_ids) + self.params.max_new_tokens
+
+    def emit(self, tokens: list[int], mask_id: int) -> bool:
+        """Append final tokens, cut at the first stop token (excluded) and at max_new_tokens. Returns
+        True when the output is decided (a stop token was reached or the length is used up)."""
+        for t in tokens:
+            if len(self.output_ids) >= self.params.max_new_tokens:
+                break
+            if t in self.stop_ids:
+                self.finish_reason = "stop"
+                return True
+            if t == mask_id:
+                raise RuntimeError("internal error: a mask token reached the output")
+            self.output_ids.append(int(t))
+        return len(self.output_ids) >= self.params.max_new_tokens
