@@ -6,16 +6,17 @@ from __future__ import annotations
 import torch
 
 from specfold.decoding.layout import block_causal
-from specfold.decoding.rules import make_rule, score
+from specfold.decoding.readout import score
+from specfold.decoding.rules import make_rule
 
 
 def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
-    p = p.resolve(spec)
-    N, L, M = p.block_size, len(prompt), spec.mask_token_id
+    c = p.resolve(spec)
+    N, L, M = c.block_size, len(prompt), spec.mask_token_id
     limit = L + p.max_new_tokens
     stop = set(spec.stop_token_ids)
     shift = 1 if spec.logits_shift else 0
-    rule = make_rule(p)
+    rule = make_rule(c)
     seq = list(prompt)
     start = (L // N) * N
 
@@ -31,25 +32,24 @@ def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
                 lg = full_logits(seq[:start])[-1].clone()
                 lg[M] = float("-inf")
                 block[0] = int(lg.argmax())
-            allowed = torch.tensor([start + i >= L and start + i < limit for i in range(N)])
-            state = torch.tensor(block)
-            step, n0 = 0, int(((state == M) & allowed).sum())
+            allowed = [start + i >= L and start + i < limit for i in range(N)]
+            state = list(block)
+            step, n0 = 0, sum(1 for t, a in zip(state, allowed) if a and t == M)
             while True:
-                masked = (state == M) & allowed
-                if not masked.any():
+                masked = [t == M and a for t, a in zip(state, allowed)]
+                if not any(masked):
                     break
-                gen = [(i, t) for i, t in enumerate(state.tolist()) if allowed[i] or (start + i >= L and t != M)]
+                gen = [(i, t) for i, t in enumerate(state) if allowed[i] or (start + i >= L and t != M)]
                 first_stop = next((i for i, t in gen if t in stop), None)
                 if p.early_stop and first_stop is not None and not any(
                         state[j] == M for j, _ in gen if j < first_stop):
                     break
-                region = rule.region(masked, 0)
-                pos = region.nonzero()[:, 0]
-                logits = full_logits(seq[:start] + state.tolist())[start + pos - shift]
-                s = score(logits, pos, M, p.confidence, p.temperature, None)
+                pos = [i for i, f in enumerate(rule.region(masked, 0)) if f]
+                logits = full_logits(seq[:start] + state)[[start + i - shift for i in pos]]
+                s = score(logits, pos, M, c.confidence)
                 state = rule.apply(state, s, step, n0)
                 step += 1
-            seq = seq[:start] + state.tolist()
+            seq = seq[:start] + state
             out = [t for t in seq[L:limit]]
             cut = next((i for i, t in enumerate(out) if t in stop), None)
             if cut is not None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import torch
 
-from specfold.decoding.causal import driver
+from types import SimpleNamespace
+
 from specfold.decoding.causal.ar import AR
 from specfold.decoding.causal.linear_spec import LinearSpec
 from specfold.decoding.causal.program import CausalProgram
 from specfold.decoding.rules import make_rule
+from specfold.engine.engine import Engine
 from specfold.models.cache import PrefixCache
+from specfold.models.forward import ForwardResult
 from specfold.models.spec import ModelSpec
-from specfold.params import DecodeParams
+from specfold.params import DecodeParams, EngineConfig, SamplingParams
 
 V, M = 96, 95
 PROMPT = [1, 2, 3]  # positions 0..2: generated token i sits at position 3 + i
@@ -39,6 +42,12 @@ def probs(top: list[tuple[int, float]]) -> torch.Tensor:
 class Scripted:
     def __init__(self, bad=(), conf=lambda q: 0.9):
         self.bad, self.conf = set(bad), conf
+
+    device = torch.device("cpu")
+
+    def forward_many(self, forwards):
+        return [ForwardResult(self(f.tokens, f.positions, f.cache, f.mask, f.write_cache, f.logits_at, f.head))
+                for f in forwards]
 
     def new_cache(self, capacity: int) -> PrefixCache:
         return PrefixCache(1, 1, 1, torch.float64, "cpu", capacity)
@@ -69,9 +78,11 @@ SPEC = ModelSpec(family="nemotron_labs_diffusion", model_type="nemotron_labs_dif
 
 
 def run(program, model, max_new=10, stop=()):
-    st = CausalProgram(model, program).new_state(PROMPT, max_new, stop)
-    driver.run(program, st, model)
-    return st.output(), st.stats
+    """One request through the engine (the only way to run one), with the scripted model."""
+    host = SimpleNamespace(model=model, spec=SPEC, tokenizer=None)
+    eng = Engine(host, EngineConfig(method="ar"), program=CausalProgram(program))
+    out = eng.run_one(PROMPT, SamplingParams(max_new_tokens=max_new, stop_token_ids=list(stop), seed=0))
+    return out.token_ids, out.stats
 
 
 def linear(tau: float, branches: int = 1) -> LinearSpec:

@@ -290,16 +290,18 @@ def test_request_fold_statistics_are_none_without_draft_positions():
     """A request whose verifications were all root-only has no fold ratio (None, not 0.0); with drafts
     the per-request ratios are the pooled counts, per layer and without layer 0."""
     from specfold.decoding.verify.fold import FoldStats
-    from specfold.engine.request import Counters
+    from specfold.decoding.request import Counters
     from specfold.outputs import DecodeStats
 
+    def report(counts):
+        return FoldStats.from_counts(counts).report(0.1)
     c, st = Counters(), DecodeStats()
     c.add_fold(FoldStats([0, 0], [0, 0], [0, 0], verifications=3, root_only=3).counts())
-    c.write(st, delta=0.1)
+    c.write(st, report)
     assert st.extra["fold_ratio"] is None and st.extra["fold_ratio_excl_layer0"] is None
     assert st.extra["fold_ratio_per_layer"] == [None, None] and st.extra["fold_root_only"] == 3
     c.add_fold(FoldStats([15, 2], [16, 16], [1, 1], verifications=1).counts())
     c.add_fold(FoldStats([1, 2], [16, 16], [0, 1], verifications=1).counts())
-    c.write(st, delta=0.1)
+    c.write(st, report)
     assert st.extra["fold_ratio"] == 20 / 64 and st.extra["fold_ratio_excl_layer0"] == 4 / 32
     assert st.extra["fold_ratio_per_layer"] == [16 / 32, 4 / 32] and st.extra["fold_verifications"] == 5

@@ -88,7 +88,7 @@ def test_unknown_model_type_and_missing_mask(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    (dict(max_new_tokens=0), "max_new_tokens must be > 0"),
+    (dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
     (dict(threshold=-0.1), "threshold must be in"),
     (dict(threshold=1.5), "threshold must be in"),
     (dict(delta=-0.1), "delta must be >= 0"),

@@ -102,23 +102,18 @@ def test_read_prompts(tmp_path):
 
 
 def test_realize_ranks_relative_to_parent_node():
-    import torch
-
-    from specfold.decoding.loop import BlockContext, Step
+    from specfold.decoding.plugins import BlockContext, Step
     from specfold.decoding.rules import Scored
     M = 9
-    root = torch.tensor([1, M, M, M, M])  # the parent step unmasked position 0
-    sc = Scored(torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1, 2, 3, 4, 5]),
-                torch.tensor([0.9, 0.5, 0.7, 0.6, 0.1], dtype=torch.float64),
-                torch.tensor([[1, 0], [2, 7], [3, 7], [4, 7], [5, 7]]))
-    parent = Step(torch.full((5,), M), sc, root, torch.ones(5, dtype=torch.bool))
-    ctx = BlockContext(start=0, allowed=torch.ones(5, dtype=torch.bool), block_origin=0, mask_id=M, rule=None,
-                       step=1, masks_at_start=5)
+    root = [1, M, M, M, M]  # the parent step unmasked position 0
+    sc = Scored([0, 1, 2, 3, 4], [1, 2, 3, 4, 5], [0.9, 0.5, 0.7, 0.6, 0.1], [[1, 0], [2, 7], [3, 7], [4, 7], [5, 7]])
+    parent = Step([M] * 5, sc, root, [True] * 5)
+    ctx = BlockContext(start=0, allowed=[True] * 5, block_origin=0, mask_id=M, rule=None, step=1, masks_at_start=5)
     g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 1),)), Node(0, ((0, 0),)), Node(0, ((4, 0),))])
     d = g.realize(root, parent, ctx)
     # ranking among root's masks: 2 (0.7), 3 (0.6), 1 (0.5), 4 (0.1)
-    assert d[0].tokens.tolist() == [1, M, 3, M, M] and d[0].parent == 0 and d[0].node == 1
-    assert d[1].tokens.tolist() == [1, M, 3, 7, M] and d[1].parent == 1  # rank 0 among node 1's masks, 2nd token
+    assert d[0].tokens == [1, M, 3, M, M] and d[0].parent == 0 and d[0].node == 1
+    assert d[1].tokens == [1, M, 3, 7, M] and d[1].parent == 1  # rank 0 among node 1's masks, 2nd token
     assert len(d) == 2  # node 3 duplicates node 1; node 4's rank 4 does not exist
     assert g.realize(root, None, ctx) == []
 
@@ -136,38 +131,31 @@ def test_selection_by_count_alone():
 def test_realize_crosses_into_the_look_ahead_region():
     """A node may complete the parent's region (the sub-block) and go on in the region the rule reads
     next (`Step.ahead`), ranked by its own confidences; the fill order puts the region first."""
-    import torch
-
     from specfold.decoding.drafts.graph import fill_order
-    from specfold.decoding.loop import BlockContext, Step
+    from specfold.decoding.plugins import BlockContext, Step
     from specfold.decoding.rules import Scored
     M = 9
-    parent_state = torch.tensor([M, M, M, M, M, M, M, M])
-    root = torch.tensor([1, 2, 3, M, M, M, M, M])  # the parent step unmasked 0..2; position 3 is left
-    sc = Scored(torch.tensor([0, 1, 2, 3]), torch.tensor([1, 2, 3, 4]),
-                torch.tensor([0.9, 0.95, 0.97, 0.5], dtype=torch.float64), torch.tensor([[1, 0], [2, 0], [3, 0], [4, 8]]))
-    ahead = Scored(torch.tensor([4, 5, 6, 7]), torch.tensor([5, 6, 7, 8]),
-                   torch.tensor([0.2, 0.8, 0.6, 0.1], dtype=torch.float64),
-                   torch.tensor([[5, 0], [6, 1], [7, 2], [8, 3]]))
-    region = torch.tensor([True] * 4 + [False] * 4)
+    parent_state = [M] * 8
+    root = [1, 2, 3, M, M, M, M, M]  # the parent step unmasked 0..2; position 3 is left
+    sc = Scored([0, 1, 2, 3], [1, 2, 3, 4], [0.9, 0.95, 0.97, 0.5], [[1, 0], [2, 0], [3, 0], [4, 8]])
+    ahead = Scored([4, 5, 6, 7], [5, 6, 7, 8], [0.2, 0.8, 0.6, 0.1], [[5, 0], [6, 1], [7, 2], [8, 3]])
+    region = [True] * 4 + [False] * 4
     parent = Step(parent_state, sc, root, region, ahead)
     order, src = fill_order(parent)
     assert order == [2, 1, 0, 3, 5, 6, 4, 7]
     assert src[6][0] is ahead and src[6][1] == 2 and src[3][0] is sc
-    ctx = BlockContext(start=0, allowed=torch.ones(8, dtype=torch.bool), block_origin=0, mask_id=M, rule=None,
-                       step=1, masks_at_start=8)
+    ctx = BlockContext(start=0, allowed=[True] * 8, block_origin=0, mask_id=M, rule=None, step=1, masks_at_start=8)
     g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(1, ((1, 1),)), Node(0, ((0, 0), (1, 0)))])
     d = g.realize(root, parent, ctx)
-    assert d[0].tokens.tolist() == [1, 2, 3, 4, M, M, M, M]  # completes the sub-block
-    assert d[1].tokens.tolist() == [1, 2, 3, 4, M, 6, M, M] and d[1].parent == 1  # starts the next one
-    assert d[2].tokens.tolist() == [1, 2, 3, 4, M, M, 2, M]  # 2nd ahead position, 2nd most likely token
+    assert d[0].tokens == [1, 2, 3, 4, M, M, M, M]  # completes the sub-block
+    assert d[1].tokens == [1, 2, 3, 4, M, 6, M, M] and d[1].parent == 1  # starts the next one
+    assert d[2].tokens == [1, 2, 3, 4, M, M, 2, M]  # 2nd ahead position, 2nd most likely token
     assert len(d) == 3  # node 4 (two positions at once) is the state of node 2: dropped as a duplicate
     # without look-ahead material the chain stops at the sub-block's end
     alone = g.realize(root, Step(parent_state, sc, root, region, None), ctx)
-    assert [x.tokens.tolist() for x in alone] == [[1, 2, 3, 4, M, M, M, M]]
+    assert [x.tokens for x in alone] == [[1, 2, 3, 4, M, M, M, M]]
     # seed-token families: a later block's first position leads the look-ahead
-    seeded = Step(parent_state, sc, root, region, Scored(torch.tensor([8, 9]), torch.tensor([1, 1]),
-                                                         torch.tensor([0.1, 0.9], dtype=torch.float64)))
+    seeded = Step(parent_state, sc, root, region, Scored([8, 9], [1, 1], [0.1, 0.9]))
     assert fill_order(seeded, 8)[0][4:] == [8, 9] and fill_order(seeded)[0][4:] == [9, 8]
 
 

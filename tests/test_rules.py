@@ -4,16 +4,16 @@ from __future__ import annotations
 import torch
 
 from specfold import DecodeParams
-from specfold.decoding.rules import Scored, make_rule, score
+from specfold.decoding.readout import score
+from specfold.decoding.rules import Scored, make_rule
 
 M = 9  # mask id in these tests
 
 
 def scored(conf, tokens=None, positions=None):
-    conf = torch.tensor(conf, dtype=torch.float64)
     n = len(conf)
-    return Scored(torch.arange(n) if positions is None else torch.tensor(positions),
-                  torch.arange(n) + 100 if tokens is None else torch.tensor(tokens), conf)
+    return Scored(list(range(n)) if positions is None else list(positions),
+                  [100 + i for i in range(n)] if tokens is None else list(tokens), [float(c) for c in conf])
 
 
 def params(**kw):
@@ -24,7 +24,7 @@ def params(**kw):
 
 
 def chosen(rule, s, step=0, n0=8):
-    return sorted(s.positions[rule.select(s, step, n0)].tolist())
+    return sorted(s.positions[i] for i in rule.select(s, step, n0))
 
 
 def test_static_ties_go_to_lower_position():
@@ -49,14 +49,15 @@ def test_threshold_always_unmasks_the_most_confident():
 
 def test_sub_block_region_is_first_sub_block_with_masks():
     r = make_rule(params(rule="sub_block"))
-    masked = torch.tensor([False] * 4 + [False, True, False, True])
-    assert r.region(masked, 0).nonzero()[:, 0].tolist() == [5, 7]
-    masked = torch.tensor([False, False, True, False] + [True] * 4)
-    assert r.region(masked, 0).nonzero()[:, 0].tolist() == [2]
+    def on(flags):
+        return [i for i, f in enumerate(flags) if f]
+    masked = [False] * 4 + [False, True, False, True]
+    assert on(r.region(masked, 0)) == [5, 7]
+    masked = [False, False, True, False] + [True] * 4
+    assert on(r.region(masked, 0)) == [2]
     # region follows the block origin (bidirectional canvases start blocks anywhere)
-    masked = torch.zeros(12, dtype=torch.bool)
-    masked[3:] = True
-    assert r.region(masked, 3).nonzero()[:, 0].tolist() == [3, 4, 5, 6]
+    masked = [False] * 3 + [True] * 9
+    assert on(r.region(masked, 3)) == [3, 4, 5, 6]
 
 
 def test_dynamic_falls_back_to_static():
@@ -84,12 +85,12 @@ def test_dream_schedule_may_unmask_nothing():
 
 def test_score_never_produces_mask_token_and_kinds():
     logits = torch.tensor([[0.0, 1.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 9.0]])
-    s = score(logits, torch.tensor([0]), M, "max_prob", 0.0, None)
-    assert s.tokens.item() == 2
+    s = score(logits, [0], M, "max_prob")
+    assert s.tokens == [2]
     p = torch.softmax(logits[0, :9].double(), -1)
-    assert abs(s.conf.item() - p.max().item()) < 1e-6
-    m = score(logits, torch.tensor([0]), M, "margin", 0.0, None)
+    assert abs(s.conf[0] - p.max().item()) < 1e-6
+    m = score(logits, [0], M, "margin")
     top = p.topk(2).values
-    assert abs(m.conf.item() - (top[0] - top[1]).item()) < 1e-6
-    e = score(logits, torch.tensor([0]), M, "neg_entropy", 0.0, None)
-    assert abs(e.conf.item() - (p * p.log()).sum().item()) < 1e-6
+    assert abs(m.conf[0] - (top[0] - top[1]).item()) < 1e-6
+    e = score(logits, [0], M, "neg_entropy")
+    assert abs(e.conf[0] - (p * p.log()).sum().item()) < 1e-6

@@ -15,7 +15,7 @@ from specfold import LLM, DecodeParams
 from specfold.decoding.drafts.calibrate import _Recorder as _CalRecorder
 from specfold.decoding.drafts.calibrate import calibrate, count_patterns
 from specfold.decoding.drafts.graph import DraftGraph, Node
-from specfold.decoding.loop import Draft, DraftPolicy, Step
+from specfold.decoding.plugins import Draft, DraftPolicy, Step
 
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30]]
 RULES = {"static": {}, "threshold": {"threshold": 0.6}, "sub_block": {"threshold": 0.6}}
@@ -201,17 +201,15 @@ def test_stats_fields(checkpoint):
 # ---------------------------------------------------------------------------- the exact-state invariant
 class _Recorder(DraftPolicy):
     def __init__(self):
-        self.future: dict[bytes, list[torch.Tensor]] = {}
-        self.block: list[torch.Tensor] = []
+        self.future: dict[tuple, list[list[int]]] = {}
+        self.block: list[list[int]] = []
 
     def on_step(self, step, ctx):
         if ctx.step == 0:
             self.block = []
         self.block.append(step.state)
-        for i, s in enumerate(self.block):
-            self.future.setdefault(s.numpy().tobytes(), [])
         for i, s in enumerate(self.block):  # every earlier state of the block -> the states after it
-            self.future[s.numpy().tobytes()] = self.block[i + 1:] + [step.next]
+            self.future[tuple(s)] = self.block[i + 1:] + [step.next]
 
 
 class _NearMiss(DraftPolicy):
@@ -222,48 +220,50 @@ class _NearMiss(DraftPolicy):
 
     def drafts(self, root, parent, ctx):
         out = []
-        for s in self.future.get(root.numpy().tobytes(), [])[:4]:
+        for s in self.future.get(tuple(root), [])[:4]:
             if self.exact:
-                out.append(Draft(s.clone(), 0))
+                out.append(Draft(list(s), 0))
                 continue
-            filled = ((s != self.M) & (root == self.M)).nonzero()[:, 0]
-            masked = ((s == self.M) & ctx.allowed).nonzero()[:, 0]
-            if len(filled):  # one more token differs
-                a = s.clone()
+            filled = [i for i, (a, r) in enumerate(zip(s, root)) if a != self.M and r == self.M]
+            masked = [i for i, (a, ok) in enumerate(zip(s, ctx.allowed)) if a == self.M and ok]
+            if filled:  # one more token differs
+                a = list(s)
                 a[filled[0]] = (a[filled[0]] + 1) % self.M
                 out.append(Draft(a, 0))
-                b = s.clone()
+                b = list(s)
                 b[filled[-1]] = self.M  # one token fewer
                 out.append(Draft(b, 0))
-            if len(masked):  # one token more
-                c = s.clone()
+            if masked:  # one token more
+                c = list(s)
                 c[masked[0]] = 3
                 out.append(Draft(c, 0))
-        keys = {root.numpy().tobytes()}
+        keys = {tuple(root)}
         if not self.exact:  # a near miss must not coincide with a true main state
-            keys |= {x.numpy().tobytes() for x in self.future.get(root.numpy().tobytes(), [])}
+            keys |= {tuple(x) for x in self.future.get(tuple(root), [])}
         uniq = []
         for d in out:
-            k = d.tokens.numpy().tobytes()
-            if k not in keys:
-                keys.add(k)
+            if tuple(d.tokens) not in keys:
+                keys.add(tuple(d.tokens))
                 uniq.append(d)
         return uniq
 
 
 class _Poison:
     """Dense verification, but every draft branch gets wrong (strongly peaked, shuffled) logits."""
+    name, returns_hidden, packs_with_model = "poison", False, False
 
     def __init__(self, inner):
         self.inner = inner
         self.poisoned = 0
 
-    def __call__(self, tokens, parents, positions, cache, mask, out_idx):
-        out = self.inner(tokens, parents, positions, cache, mask, out_idx).clone()
-        if out.shape[0] > 1:
-            g = torch.Generator().manual_seed(7)
-            out[1:] = torch.randn(out[1:].shape, generator=g, dtype=out.dtype) * 50
-            self.poisoned += out.shape[0] - 1
+    def verify_many(self, forwards):
+        out = self.inner.verify_many(forwards)
+        for r in out:
+            if r.logits.shape[0] > 1:
+                g = torch.Generator().manual_seed(7)
+                r.logits = r.logits.clone()
+                r.logits[1:] = torch.randn(r.logits[1:].shape, generator=g, dtype=r.logits.dtype) * 50
+                self.poisoned += r.logits.shape[0] - 1
         return out
 
 

@@ -124,9 +124,9 @@ class BlockProgram:
 
     def plan(self, req: DecodeRequest) -> list[Job]:
         st: BlockState = req.state
-        if st.phase == "done":
-            return []
         jobs = list(st.prelude)
+        if st.phase == "done":
+            return jobs  # the K/V of reused commits are still written (the cache stays vanilla's)
         if st.phase == "prefill":
             jobs.append(self._prefill_job(req, st))
         elif st.phase == "denoise":
@@ -141,6 +141,8 @@ class BlockProgram:
         st: BlockState = req.state
         results = results[len(st.prelude):]
         st.prelude = []
+        if st.phase == "done":
+            return
         res = results[0]
         if st.phase == "prefill":
             req.stats.nfe += 1
@@ -159,7 +161,7 @@ class BlockProgram:
             self._next_block(req, st)
 
     def done(self, req: DecodeRequest) -> bool:
-        return req.state is None or req.state.phase == "done"
+        return req.state is None or (req.state.phase == "done" and not req.state.prelude)
 
     # ================================================================ blocks
     def _new_block(self, req: DecodeRequest, st: BlockState) -> None:

@@ -126,3 +126,12 @@ def split_rows(flat: list[float], n: int, r: Read) -> list[Row]:
 def read_now(logits: torch.Tensor, mask_id: int, r: Read) -> list[Row]:
     """Read rows right away (tests and reference code; the engine batches reads per step)."""
     return split_rows(read_rows(logits, mask_id, r).reshape(-1).tolist(), logits.shape[0], r)
+
+
+def score(logits: torch.Tensor, positions: list[int], mask_id: int, kind: str = "max_prob", topk: int = 0):
+    """Rows of logits [C, V] at candidate `positions` -> host `rules.Scored` at T = 0 (tests and
+    reference code; programs get theirs from the engine's one read per step)."""
+    from specfold.decoding.rules import Scored
+    rows = read_now(logits, mask_id, Read(kind=kind, topk=topk))
+    return Scored(list(positions), [r.token for r in rows], [r.conf for r in rows],
+                  [r.top for r in rows] if topk else None)

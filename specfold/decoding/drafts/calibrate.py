@@ -143,7 +143,7 @@ def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branch
         dec.run(llm.encode(pr, params))
     counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id, max_depth)
     nodes, node_counts = select(counts, roots, branches, selection, max_depth)
-    rp = dec.p
+    rp = dec.config
     meta = {"model": fingerprint(llm.spec), "rule": rp.rule, "threshold": rp.threshold, "block_size": rp.block_size,
             "sub_block_size": rp.sub_block_size, "prompts": len(prompts), "roots": roots, "selection": selection, "max_depth": max_depth,
             "counts": node_counts, "hit_rate_estimate": [c / roots if roots else 0.0 for c in node_counts]}
