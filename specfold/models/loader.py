@@ -1,9 +1,11 @@
 """Load a local HuggingFace checkpoint folder: config.json + safetensors (single or sharded) + tokenizer.
 
 Weight names are mapped from each family's layout to specfold's canonical names (`embed`,
-`layers.{i}.q_proj`, ..., `norm`, `lm_head`). Invariants: every parameter of the model must be found
-(else CheckpointError naming the missing ones); shapes must match; tensors are read one at a time
-straight into the model's dtype and device.
+`layers.{i}.q_proj`, ..., `norm`, `lm_head`; LLaDA2's fused q/k/v and per-expert tensors through
+models/llada2.py, an expert's tensor filling slot e of a stacked `layers.{i}.moe.w_*`). Invariants:
+every parameter (every expert slot) of the model must be found (else CheckpointError naming the
+missing ones); shapes must match; tensors are read one at a time straight into the model's dtype
+and device.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from safetensors import safe_open
 
 from specfold.errors import CheckpointError
 from specfold.models.spec import ModelSpec, resolve_spec
-from specfold.models.transformer import Transformer
+from specfold.models.transformer import Transformer, make_rope
 
 _LAYER_PARTS = {  # HF suffix inside a layer -> canonical
     "self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
@@ -100,21 +102,17 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
         model.ar_head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device="meta")
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: dict[str, torch.Tensor] = {}
+    slots: dict[str, set[int]] = {}  # stacked expert parameters: the expert slots filled so far
     unused = []
     for f in files:
         try:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
-                    canon = canonical_name(name, spec.weight_layout)
-                    if canon is None or canon not in params:
-                        if not name.endswith("inv_freq"):
-                            unused.append(name)
-                        continue
-                    t = sf.get_tensor(name)
-                    if tuple(t.shape) != tuple(params[canon].shape):
-                        raise CheckpointError(f"{f.name}: tensor {name!r} has shape {tuple(t.shape)}, "
-                                              f"config.json implies {tuple(params[canon].shape)}")
-                    loaded[canon] = t.to(device=device, dtype=dtype)
+                    pieces = _pieces(name, sf, spec, params)
+                    if not pieces and not name.endswith("inv_freq"):
+                        unused.append(name)
+                    for canon, t in pieces:
+                        _place(loaded, slots, params, canon, t, f"{f.name}: tensor {name!r}", device, dtype)
         except (OSError, RuntimeError) as e:
             if isinstance(e, CheckpointError):
                 raise
@@ -123,6 +121,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
         loaded.pop("lm_head.weight", None)
     missing = sorted(n for n in params if n not in loaded
                      and not (spec.tie_word_embeddings and n == "lm_head.weight"))
+    missing += [f"{n}[{e}]" for n, got in slots.items() for e in range(params[n].shape[0]) if e not in got]
     if missing:
         shown = ", ".join(missing[:8]) + (f" ... ({len(missing)} in all)" if len(missing) > 8 else "")
         raise CheckpointError(f"{str(path)!r}: weights missing from the checkpoint: {shown}")
@@ -132,10 +131,43 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     if spec.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     # the rope tables were built under the meta device with the modules: rebuild them for real
-    model.rope = type(model.rope)(spec.head_dim, spec.rope_theta, spec.rope_scaling,
-                                  spec.max_position_embeddings)
+    model.rope = make_rope(spec)
     model.eval().requires_grad_(False)
     return model, spec, config
+
+
+def _pieces(name: str, sf, spec: ModelSpec, params: dict) -> list[tuple[str, torch.Tensor]]:
+    """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has."""
+    if spec.weight_layout == "llada2":  # fused q/k/v split, per-expert slots (models/llada2.py)
+        from specfold.models.llada2 import tensors
+        return [(c, t) for c, t in tensors(name, sf.get_tensor(name), spec) if _slot(c)[0] in params]
+    canon = canonical_name(name, spec.weight_layout)
+    return [] if canon is None or canon not in params else [(canon, sf.get_tensor(name))]
+
+
+def _slot(canon: str) -> tuple[str, int | None]:
+    """'layers.1.moe.w_up[3]' -> ('layers.1.moe.w_up', 3); a plain name -> (name, None)."""
+    if canon.endswith("]"):
+        base, e = canon[:-1].rsplit("[", 1)
+        return base, int(e)
+    return canon, None
+
+
+def _place(loaded: dict, slots: dict, params: dict, canon: str, t: torch.Tensor, what: str,
+           device, dtype) -> None:
+    base, e = _slot(canon)
+    want = tuple(params[base].shape)[0 if e is None else 1:]
+    if tuple(t.shape) != want:
+        raise CheckpointError(f"{what} has shape {tuple(t.shape)}, config.json implies {want}")
+    if e is None:
+        loaded[base] = t.to(device=device, dtype=dtype)
+        return
+    if not 0 <= e < params[base].shape[0]:
+        raise CheckpointError(f"{what}: expert {e} is outside [0, {params[base].shape[0]})")
+    if base not in loaded:
+        loaded[base] = torch.empty(params[base].shape, device=device, dtype=dtype)
+    loaded[base][e] = t
+    slots.setdefault(base, set()).add(e)
 
 
 def _names(files: list[Path]) -> list[str]:

@@ -3,7 +3,11 @@ plus the Llama-4-style per-position query scaling that Ministral-3 / Nemotron-La
 
 Invariants: frequencies are computed in float64 and cast to the model dtype at the end; cos/sin use
 the rotate-half convention of HuggingFace (`[x1, x2] -> [-x2, x1]`); YaRN's attention factor
-multiplies cos and sin, as in `transformers`.
+multiplies cos and sin, as in `transformers`. Partial RoPE (`rotary_dim` < head_dim, LLaDA2): the
+frequencies are those of a `rotary_dim`-wide rotation, padded with zeros to head_dim / 2, so the
+tables keep the full head width and `apply_rope` stays one formula; the q/k head dims must then be
+laid out by `partial_rotary_perm` (the loader does it), which puts the pairs (i, i + rotary_dim/2)
+of the first `rotary_dim` dims at (j, j + head_dim/2).
 """
 from __future__ import annotations
 
@@ -60,25 +64,30 @@ def _llama3(inv: torch.Tensor, p: dict) -> torch.Tensor:
 class Rope:
     """cos/sin tables for absolute positions; `query_scale(positions)` for Llama-4-style scaling."""
 
-    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None, max_pos: int,
+                 rotary_dim: int | None = None):
         self.head_dim = head_dim
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        dim = rotary_dim or head_dim  # frequencies of a dim-wide rotation
+        inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
         self.attention_factor = 1.0
         self.llama4_beta: float | None = None
         self.llama4_orig: int | None = None
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
         if kind == "yarn":
-            inv, self.attention_factor = _yarn(head_dim, theta, scaling, max_pos)
+            inv, self.attention_factor = _yarn(dim, theta, scaling, max_pos)
         elif kind == "linear":
             inv = inv / scaling["factor"]
         elif kind == "llama3":
             inv = _llama3(inv, scaling)
         elif kind != "default":
             raise ConfigError(f"unsupported rope type {kind!r}; supported: default, linear, llama3, yarn")
+        if dim != head_dim and self.attention_factor != 1.0:
+            raise ConfigError("partial RoPE with an attention factor (YaRN) is not supported")
         if scaling and scaling.get("llama_4_scaling_beta") is not None:
             self.llama4_beta = float(scaling["llama_4_scaling_beta"])
             self.llama4_orig = int(scaling.get("original_max_position_embeddings") or max_pos)
-        self.inv_freq = inv  # float64 [D/2]
+        pad = torch.zeros(head_dim // 2 - inv.shape[0], dtype=torch.float64)
+        self.inv_freq = torch.cat([inv, pad])  # float64 [D/2]; frequency 0 = the dims pass through
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] long -> (cos, sin) each [T, D] in `dtype`."""
@@ -93,6 +102,15 @@ class Rope:
             return None
         pos = positions.to(torch.float64)
         return (1 + self.llama4_beta * torch.log1p(torch.floor(pos / self.llama4_orig))).to(dtype)
+
+
+def partial_rotary_perm(head_dim: int, rotary_dim: int) -> list[int]:
+    """New head-dim order (new index -> checkpoint index) under which the checkpoint's partial
+    rotation of its first `rotary_dim` dims (pairs (i, i + r) with r = rotary_dim/2) becomes the
+    full-width rotate-half pairs (j, j + head_dim/2); the other dims fill the rest in order."""
+    r, h = rotary_dim // 2, head_dim // 2
+    rest = list(range(rotary_dim, head_dim))
+    return list(range(r)) + rest[: h - r] + list(range(r, rotary_dim)) + rest[h - r:]
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

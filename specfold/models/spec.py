@@ -6,7 +6,8 @@ ids, logits shift, attention kind, block alignment, seed token, default decode s
 
 Invariants:
 - the mask id is never guessed: overrides > config `mask_token_id` > the family's mask token looked up
-  in the tokenizer vocabulary > ConfigError;
+  in the tokenizer vocabulary (or the family table's id, LLaDA2's published 156895: its configs carry
+  none) > ConfigError;
 - `overrides` may set any ModelSpec field (like vLLM's `hf_overrides`); unknown names are rejected;
 - a `model_type` not in the table is rejected with the list of supported ones.
 """
@@ -20,7 +21,7 @@ from specfold.errors import ConfigError
 
 ATTENTION_KINDS = ("block_causal", "bidirectional", "causal_prefix")
 ALIGNMENTS = ("absolute", "after_prompt")
-WEIGHT_LAYOUTS = ("hf", "olmo", "nemotron")
+WEIGHT_LAYOUTS = ("hf", "olmo", "nemotron", "llada2")
 
 
 @dataclass(slots=True)
@@ -58,11 +59,33 @@ class ModelSpec:
     tokens_per_step: int = 1
     confidence: str = "max_prob"
     max_new_tokens_multiple_of_block: bool = False
+    # LLaDA2 decoding (decoding/rules_llada2.py): schedule steps per block (0: the block size), the
+    # edit rule's tau_edit and post-fill step limit, and whether the last block is decoded in full
+    # past prompt + max_new_tokens (its extra positions count for the rule; the output is cut after)
+    steps: int = 0
+    edit_threshold: float = 0.0
+    max_post_steps: int = 0
+    full_last_block: bool = False
+    # partial RoPE: rotate only the first `rotary_dim` dims of each head (None: all of them)
+    rotary_dim: int | None = None
+    # mixture of experts (models/moe.py); num_experts == 0: a dense FFN in every layer
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_groups: int = 1
+    topk_groups: int = 1
+    moe_intermediate_size: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0  # the first `dense_layers` layers keep the dense FFN
+    routed_scaling: float = 1.0
+    router_bias: bool = True  # checkpoints carry a per-expert selection bias
     extra: dict = field(default_factory=dict)
 
     @property
     def uses_cache(self) -> bool:
         return self.attention != "bidirectional"
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.num_experts > 0 and index >= self.dense_layers
 
 
 # Family table: model_type -> (family name, layout defaults, decoding defaults).
@@ -70,6 +93,9 @@ class ModelSpec:
 _QWEN2 = dict(qkv_bias=True, qk_norm=False)
 _QWEN3 = dict(qkv_bias=False, qk_norm=True)
 _LLAMA = dict(qkv_bias=False, qk_norm=False)
+_LLADA2 = dict(weight_layout="llada2", mask_token_id=156895, stop_token_ids=(156892,),
+               logits_shift=False, attention="block_causal", alignment="absolute", seed_token=False,
+               block_size=32, full_last_block=True)
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "Fast_dLLM_Qwen": dict(
@@ -91,6 +117,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
         logits_shift=False, attention="causal_prefix", alignment="after_prompt", seed_token=True,
         block_size=32, rule="threshold", threshold=0.9, threshold_ge=True,
         max_new_tokens_multiple_of_block=True),
+    # LLaDA2.0 / 2.1 (Ling-2.0 MoE layout, docs/LLADA2.md): block-causal from position 0, so the
+    # prompt's last partial block is part of the first active block (SPEC §3)
+    "llada2_moe": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32),
+    "llada2_moe_veomni": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32),
+    "llada21_moe": dict(family="llada2", **_LLADA2, rule="llada2_edit", threshold=0.7,
+                        edit_threshold=0.5, max_post_steps=16),
     "qwen2": dict(family="qwen2", **_QWEN2),
     "qwen3": dict(family="qwen3", **_QWEN3),
     "llama": dict(family="llama", **_LLAMA),
@@ -187,6 +219,9 @@ def resolve_spec(config: dict, overrides: dict | None = None,
     for key in ("qkv_bias", "qk_norm"):  # family layout wins over generic config flags
         if key in fam:
             fields[key] = fam[key]
+    if layout == "llada2":
+        from specfold.models.llada2 import config_fields
+        fields.update(config_fields(config, fields["head_dim"]))
     if model_type == "qwen2" and "attention_bias" not in config:
         fields["qkv_bias"] = True
     # diffusion fields that a checkpoint's config.json may carry (our tiny model does; SDAR has block_size)
@@ -251,3 +286,8 @@ def _validate(spec: ModelSpec) -> None:
         raise ConfigError(f"num_heads={spec.num_heads} is not a multiple of num_kv_heads={spec.num_kv_heads}")
     if spec.block_size <= 0:
         raise ConfigError(f"block_size must be positive, got {spec.block_size}")
+    if spec.rotary_dim is not None and not (0 < spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
+        raise ConfigError(f"rotary_dim={spec.rotary_dim}: expected an even number in (0, head_dim={spec.head_dim}]")
+    if spec.num_experts:
+        from specfold.models.moe import check_routing
+        check_routing(spec.num_experts, spec.experts_per_token, spec.expert_groups, spec.topk_groups)

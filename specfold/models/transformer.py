@@ -1,7 +1,8 @@
 """The native decoder-only transformer behind every family (no `trust_remote_code`).
 
-RMSNorm, RoPE with absolute positions, GQA, optional q/k/v bias, optional per-head q/k norm, SwiGLU,
-tied or untied head. `forward` runs B branches of one window of T positions against one shared
+RMSNorm, RoPE with absolute positions (full or partial), GQA, optional q/k/v bias, optional per-head
+q/k norm, SwiGLU or a mixture of experts (models/moe.py: a layer past `spec.dense_layers` of a MoE
+spec has `moe` instead of gate/up/down_proj), tied or untied head. `forward` runs B branches of one window of T positions against one shared
 prefix KV cache; `forward_many` runs several such `Forward`s (of different requests) in one call,
 the position-wise work over their packed rows and attention per forward against its own cache;
 `write_kv` writes a window's K/V from hidden states a forward returned (no forward):
@@ -25,6 +26,7 @@ from torch import nn
 
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
+from specfold.models.moe import MoE
 from specfold.models.rope import Rope, apply_rope
 from specfold.models.spec import ModelSpec
 
@@ -45,7 +47,7 @@ class RMSNorm(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, s: ModelSpec):
+    def __init__(self, s: ModelSpec, index: int = 0):
         super().__init__()
         d, hd = s.hidden_size, s.head_dim
         self.input_norm = RMSNorm(d, s.rms_eps)
@@ -56,12 +58,19 @@ class Layer(nn.Module):
         self.k_norm = RMSNorm(hd, s.rms_eps) if s.qk_norm else None
         self.o_proj = nn.Linear(s.num_heads * hd, d, bias=False)
         self.post_norm = RMSNorm(d, s.rms_eps)
+        self.moe: MoE | None = None
+        if s.is_moe_layer(index):
+            self.moe = MoE(d, s.num_experts, s.moe_intermediate_size, s.experts_per_token, s.expert_groups,
+                           s.topk_groups, s.routed_scaling, s.shared_experts, s.router_bias)
+            return
         self.gate_proj = nn.Linear(d, s.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, s.intermediate_size, bias=False)
         self.down_proj = nn.Linear(s.intermediate_size, d, bias=False)
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = self.post_norm(x)
+        if self.moe is not None:
+            return self.moe(h)
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
@@ -142,18 +151,23 @@ def attention_many(qkv: list, prefixes: list, masks: list, scale: float) -> list
     return [out[i, : q.shape[0]] for i, (q, _, _) in enumerate(qkv)]
 
 
+def make_rope(spec: ModelSpec) -> Rope:
+    return Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings,
+                spec.rotary_dim)
+
+
 class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(Layer(spec, i) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.ar_head: nn.Linear | None = None  # Nemotron-Labs-Diffusion's causal head, when shipped
         if spec.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
-        self.rope = Rope(spec.head_dim, spec.rope_theta, spec.rope_scaling, spec.max_position_embeddings)
+        self.rope = make_rope(spec)
         self.attn_scale = spec.head_dim ** -0.5
 
     @property
