@@ -32,7 +32,20 @@ def pending(a: int, t: int, device) -> torch.Tensor:
     return m
 
 
+def is_full(desc: tuple | None, start: int, t: int) -> bool:
+    """Whether the mask lets every window row see every window row (decided on the host)."""
+    if desc is None:
+        return True
+    if desc[0] == "block":
+        n, origin = desc[1], desc[2]
+        return (start - origin) // n == (start + t - 1 - origin) // n
+    if desc[0] == "pending":
+        return desc[1] == 0 or t == 1
+    return t == 1  # causal
+
+
 def build_mask(desc: tuple | None, positions: torch.Tensor) -> torch.Tensor | None:
+    """The bool [T, T] mask on the positions' device (None = full attention)."""
     if desc is None:
         return None
     kind = desc[0]

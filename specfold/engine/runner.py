@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from specfold.decoding.jobs import Job, JobResult
-from specfold.decoding.layout import build_mask
+from specfold.decoding.layout import build_mask, is_full
 from specfold.decoding.readout import read_rows, split_rows
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.transformer import Transformer
@@ -65,7 +65,8 @@ class ModelRunner:
             at = buf[o: o + k] if j.logits_at is not None else None
             o += k
             pos = torch.arange(j.start, j.start + T, device=self.device)
-            out.append(Forward(toks, pos, j.cache, build_mask(j.mask, pos), j.write_cache, at, j.head,
+            mask = None if is_full(j.mask, j.start, T) else build_mask(j.mask, pos)
+            out.append(Forward(toks, pos, j.cache, mask, j.write_cache, at, j.head,
                                list(j.parents), j.return_hidden, j.kind))
         return out
 

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from specfold.kernels.fold_torch import (
-    GATE_EPS, LayerFoldStats, LayerWeights, check_par, dense_attention, fused_qkv_rope, inherit_attention,
+    GATE_EPS, LayerFoldStats, LayerWeights, check_parents, dense_attention, fused_qkv_rope, inherit_attention,
     rms_norm,
 )
 
@@ -72,7 +72,7 @@ class PackPlan:
     def __init__(self, segments: list[Segment], cos: list[Tensor], sin: list[Tensor], device: torch.device):
         off, depth, chains_of = 0, 1, []
         for s in segments:
-            check_par(torch.tensor(s.par), s.B1)
+            check_parents(s.par, s.B1)
             s.offset = off
             chains = []
             for i in range(s.B1):  # ancestor chain of branch i: i, par(i), ..., 0

@@ -212,8 +212,12 @@ def check_par(par: Tensor, num_branches: int) -> None:
     """par [B1] long: par[0] == -1 and 0 <= par[i] < i for i >= 1."""
     if par.shape != (num_branches,):
         raise ValueError(f"par has shape {tuple(par.shape)}; expected ({num_branches},)")
-    p = par.tolist()
-    if p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, num_branches)):
+    check_parents(par.tolist(), num_branches)
+
+
+def check_parents(p: list[int], num_branches: int) -> None:
+    """The same check on a host list (no tensor read)."""
+    if len(p) != num_branches or p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, num_branches)):
         raise ValueError(f"par must have par[0] == -1 and 0 <= par[i] < i, got {p}")
 
 

@@ -91,7 +91,9 @@ class Rope:
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] long -> (cos, sin) each [T, D] in `dtype`."""
-        freqs = positions.to(torch.float64)[:, None] * self.inv_freq.to(positions.device)[None, :]
+        if self.inv_freq.device != positions.device:  # moved once, with the model's first call there
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
         return ((emb.cos() * self.attention_factor).to(dtype),
                 (emb.sin() * self.attention_factor).to(dtype))

@@ -158,7 +158,7 @@ class FoldVerifier:
             if qscale is not None and not bool((qscale == 1).all()):
                 raise NotImplementedError("folded verification does not support Llama-4 query scaling past the "
                                           "original context; use method='spiffy' (dense) for such positions")
-            segs.append(Segment(B, W, par, f.mask if f.mask is not None and not bool(f.mask.all()) else None))
+            segs.append(Segment(B, W, par, f.mask))  # None = full (the runner passes no all-true mask)
             cos.append(c)
             sin.append(sn)
         plan = PackPlan(segs, cos, sin, m.device)
@@ -200,7 +200,7 @@ class FoldVerifier:
         picks = []
         for f, sg in zip(forwards, segs):
             at = f.logits_at if f.logits_at is not None else torch.arange(sg.N, device=dev)
-            idx = sg.offset + (torch.arange(sg.B1, device=dev)[:, None] * sg.N + at.to(dev)[None, :])
+            idx = sg.offset + (torch.arange(sg.B1, device=dev)[:, None] * sg.N + at[None, :])  # at: on the model's device
             picks.append(idx.reshape(-1))
         logits: list[torch.Tensor | None] = [None] * len(forwards)
         for kind in dict.fromkeys(f.head for f in forwards):

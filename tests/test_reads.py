@@ -1,0 +1,103 @@
+"""Device-to-host reads per engine step, counted (issue: one read per step).
+
+Every way a tensor's values reach Python is patched and counted while `Engine.step()` runs: `item`,
+`tolist`, `numpy`, `__bool__`, `__int__`, `__float__`, `__index__`, and copies to the CPU (`cpu`, `to`).
+On the tiny model with 8 concurrent requests a step of vanilla, FreeDave or Spiffy reads at most 2
+times (the runner's one read of every job's scores, plus at most one elsewhere); SpecFold at most
+L + 3 (its fold gate syncs once per layer, plus once on the embeddings); and the count does not grow
+with the batch: 1 request reads as often per step as 8.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfold import LLM, EngineConfig, SamplingParams
+
+TINY = Path(__file__).resolve().parents[1] / "specfold" / "tiny" / "model"
+NAMES = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+class ReadCounter:
+    def __init__(self):
+        self.n = 0
+        self.on = False
+
+    def install(self, monkeypatch) -> None:
+        for name in NAMES:
+            monkeypatch.setattr(torch.Tensor, name, self._wrap(getattr(torch.Tensor, name)))
+        cpu, to = torch.Tensor.cpu, torch.Tensor.to
+
+        def counted_cpu(t, *a, **k):
+            self._hit()
+            return cpu(t, *a, **k)
+
+        def counted_to(t, *a, **k):
+            dev = k.get("device", a[0] if a else None)
+            if isinstance(dev, (str, torch.device)) and torch.device(dev).type == "cpu":
+                self._hit()
+            return to(t, *a, **k)
+        monkeypatch.setattr(torch.Tensor, "cpu", counted_cpu)
+        monkeypatch.setattr(torch.Tensor, "to", counted_to)
+
+    def _hit(self) -> None:
+        if self.on:
+            self.n += 1
+
+    def _wrap(self, orig):
+        def counted(t, *a, **k):
+            self._hit()
+            return orig(t, *a, **k)
+        return counted
+
+
+def _prompts(n: int) -> list[str]:
+    rows = [json.loads(x) for x in (TINY / "heldout.jsonl").read_text().splitlines()[:n]]
+    return [r["question"] for r in rows]
+
+
+def _max_reads(llm, config: EngineConfig, prompts: list[str], counter: ReadCounter) -> tuple[int, int]:
+    eng = llm.engine(config)
+    for pr in prompts:
+        eng.add_request(llm.encode(pr, SamplingParams(chat_template=True)), SamplingParams(max_new_tokens=32))
+    worst, steps = 0, 0
+    while eng.has_unfinished():
+        counter.n, counter.on = 0, True
+        eng.step()
+        counter.on = False
+        worst, steps = max(worst, counter.n), steps + 1
+    return worst, steps
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", dtype="float32")
+
+
+CASES = [(m, r) for m in ("vanilla", "freedave", "spiffy", "specfold") for r in (None, "static")]
+
+
+@pytest.mark.parametrize("method,rule", CASES)
+def test_reads_per_step(llm, monkeypatch, method, rule):
+    counter = ReadCounter()
+    counter.install(monkeypatch)
+    config = EngineConfig(method=method, rule=rule, max_num_seqs=8)
+    many, steps = _max_reads(llm, config, _prompts(8), counter)
+    one, _ = _max_reads(llm, config, _prompts(1), counter)
+    bound = 2 if method != "specfold" else llm.spec.num_layers + 3
+    assert steps > 3
+    assert 1 <= many <= bound, (method, rule, many)
+    assert one == many, (method, rule, one, many)
+
+
+def test_the_counter_counts(llm, monkeypatch):
+    """Teeth: a read in a step is seen (a program that reads a tensor would be caught)."""
+    counter = ReadCounter()
+    counter.install(monkeypatch)
+    counter.on = True
+    x = torch.ones(3)
+    x.tolist(), x.sum().item(), bool(x[0]), int(x[1]), float(x[2]), x.cpu()
+    assert counter.n == 6
