@@ -1,38 +1,47 @@
 """Run untrusted (model-written) Python in a process the operating system contains.
 
-`run_program(source, limits)` runs one program through `sandbox_child.py` and says whether its
-tests returned. Containment (backend `bwrap`, the default; probed once, see `backend()`):
-- bubblewrap: new user namespace with an unprivileged uid/gid (65534) inside, new mount
-  namespace in which the whole filesystem is a read-only bind of `/` except a private,
-  size-capped tmpfs `/tmp` (the program's cwd is `/tmp/work`; the interpreter's own folders are
-  bound back read-only when they lie under /tmp) and a minimal `/dev`; `/proc` and
-  `/sys` are empty; `_ctypes` and CPython's test extensions are hidden; new network (no interfaces), PID, IPC and UTS namespaces; no further user
-  namespaces; its own session; killed when this process dies (`--die-with-parent`);
+`run_program(source, limits)` runs one program through `sandbox_child.py` and says whether it
+returned, with the values it reported (see verdict.py: the harness, not the program, compares
+them with the expected ones). Containment (backend `bwrap`, the default; probed once, see `backend()`):
+- bubblewrap on an empty root that holds only what the interpreter needs (sandbox_fs.py): the
+  base interpreter, its standard library without site-packages, the shared libraries those load,
+  `/dev/null`, `/dev/urandom`, a private size-capped tmpfs `/tmp` (the program's cwd is
+  `/tmp/work`; the program and the child script are read-only files in `/tmp/.specfold`) and an
+  empty `/proc`; no `/etc`, no home, no checkout, no venv; `_ctypes` and CPython's test
+  extensions hidden; new network (no interfaces), PID, IPC and UTS namespaces; its own session;
+  killed when this process dies (`--die-with-parent`);
+- an unprivileged uid (65534) outside as well as inside: run as root, bubblewrap keeps only
+  CAP_SETUID/CAP_SETGID and the child drops to 65534 for good before it reads the program; run
+  as another user, a new user namespace maps 65534 inside to that user outside;
 - a seccomp filter (`seccomp.py`): no new processes (fork/vfork/clone without CLONE_THREAD),
   no ptrace, unshare, setns, mount, bpf, ...;
 - resource limits set in the child: address space, CPU seconds, file size (this also caps
-  stdout/stderr, which go to files), open files, no core dumps, processes (kernel-enforced
-  unless the outer uid is root; the seccomp filter is what stops forks there);
+  stdout/stderr, which go to unnamed files), open files, no core dumps, threads;
 - a wall-clock timeout after which bwrap is SIGKILLed: its PID namespace, and every process in
   it, goes with it;
 - the child's Python guard (second layer, see sandbox_child).
 Without a working bwrap the sandbox refuses (`SandboxUnavailable`, one line) unless
-`SPECFOLD_SANDBOX=weak` opts into the weaker fallback (unshare network/PID namespaces when they
-work, else only a process group; host filesystem writable outside the Python guard; no
-seccomp), announced by one warning line.
+`SPECFOLD_SANDBOX=weak` opts into the weaker fallback, announced by one warning line that says
+scores can be forged: unshare network/PID namespaces when they work; as root, uid 65534 when the
+interpreter is readable by it; in the child (via ctypes, before the program) Landlock rules that
+allow reading only the interpreter's files and the run's directory and writing only its work
+folder, and the same seccomp filter; the host filesystem stays mounted.
 
-Pass signal: the parent passes a fresh random token on a pipe that the child reads and closes
-before compiling the program; the child writes `PASS <token>` to a second pipe only after the
-program's code returned (see sandbox_child for why the program cannot reach the token or that
-code path). A run passes only if that exact line arrives: never on the exit status alone.
+Channel: the parent passes a fresh random token on a pipe that the child reads and closes before
+compiling the program; on a second pipe the child sends `R <slot> <json>` lines for the values
+the program reports and, only after the program's code returned, `PASS <token>` (see
+sandbox_child for why the program cannot reach the token or that code path). A run passes only
+if that exact last line arrives after well-formed reports: never on the exit status alone.
 
-Invariants: model output is never executed in the calling process; nothing the program writes
-reaches the host filesystem under bwrap (its temporary directory of program + outputs is
-removed afterwards); no process of the run survives `run_program`.
+Invariants: model output is never executed in the calling process; under bwrap nothing of the
+run exists on the host filesystem (program and child are memfds, stdout/stderr unnamed files),
+so no kill of the harness can leave a directory behind; the weak mode's run directory is removed
+afterwards, and on SIGTERM of the harness (handler installed when the default one is in place);
+no process of the run survives `run_program`; the child script comes from this process's memory
+(read at import), never from a file a program could have rewritten.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import secrets
@@ -41,6 +50,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,12 +58,15 @@ from functools import lru_cache
 from pathlib import Path
 
 from specfold.errors import SpecfoldError
+from specfold.eval.sandbox_fs import bwrap_mounts, runtime
 from specfold.eval.seccomp import build_filter
 
 CHILD = Path(__file__).with_name("sandbox_child.py")
+CHILD_SOURCE = CHILD.read_bytes()  # what every run executes (see Invariants)
 TAIL = 4000  # characters of stdout/stderr kept in a result
 SANDBOX_UID = 65534
-INSIDE_TOP = "/tmp/.specfold"  # read-only view of the run's directory (the program)
+INSIDE_TOP = "/tmp/.specfold"  # read-only folder of the program and the child script (bwrap)
+CHANNEL_CAP = 32 << 20  # bytes of reports kept; more is a failure
 
 
 class SandboxUnavailable(SpecfoldError):
@@ -88,51 +101,39 @@ class RunResult:
     stderr: str
     seconds: float
     isolation: str
+    reports: tuple = ()  # (slot, encoded value) in the order the program reported them
+
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
-@lru_cache(maxsize=1)
-def _masked_modules() -> tuple[str, ...]:
-    """Extension modules hidden (bound to /dev/null) in the sandbox: raw memory access (ctypes),
-    CPython's test helpers and subinterpreters (whose sys._current_frames sees every thread),
-    which could reach the pass token."""
-    import importlib.util
-
-    out = []
-    for name in ("_ctypes", "_testcapi", "_testinternalcapi", "_ctypes_test", "_xxsubinterpreters",
-                 "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues"):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None and spec.origin and os.path.isfile(spec.origin):
-            out.append(spec.origin)
-    return tuple(out)
-
-
-def _runtime_under_tmp() -> tuple[str, ...]:
-    """The folders the child needs to start (the interpreter's prefixes, `sandbox_child.py`'s folder)
-    that lie under /tmp, outermost only: the private tmpfs would hide them (e.g. a checkout and its
-    venv cloned into /tmp), so they are bound back read-only on top of it."""
-    need = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                          os.path.dirname(sys.executable), str(CHILD.parent))}
-    under = sorted(p for p in need if p.startswith("/tmp/"))
-    return tuple(p for p in under if not any(p != q and p.startswith(q + "/") for q in under))
+def _bwrap_args(tmp_mb: int, run_id: str) -> list[str]:
+    """bubblewrap's arguments up to the command (see module docstring)."""
+    if os.geteuid() == 0:
+        user = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        user = ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns"]
+    size = str(tmp_mb << 20)
+    return ["bwrap", *user, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+            *bwrap_mounts(runtime()),
+            "--perms", "0755", "--dir", "/dev", "--dev-bind", "/dev/null", "/dev/null",
+            "--dev-bind", "/dev/urandom", "/dev/urandom", "--perms", "01777", "--size", size, "--tmpfs", "/dev/shm",
+            "--tmpfs", "/proc", "--perms", "01777", "--size", size, "--tmpfs", "/tmp",
+            "--perms", "01777", "--dir", "/tmp/work", "--perms", "0755", "--dir", INSIDE_TOP, "--chdir", "/tmp/work",
+            "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", "--setenv", "PATH", "/usr/bin:/bin",
+            "--setenv", "LANG", "C.UTF-8", "--setenv", "SPECFOLD_RUN", run_id]
 
 
-def _bwrap_args(top: Path, tmp_mb: int) -> list[str]:
-    masks = [a for path in _masked_modules() for a in ("--ro-bind", "/dev/null", path)]
-    runtime = [a for path in _runtime_under_tmp() for a in ("--ro-bind", path, path)]
-    return ["bwrap", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--disable-userns", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-            "--ro-bind", "/", "/", "--dev", "/dev", "--tmpfs", "/proc", "--tmpfs", "/sys",
-            "--size", str(tmp_mb << 20), "--tmpfs", "/tmp", "--dir", "/tmp/work",
-            "--ro-bind", str(top), INSIDE_TOP, "--chdir", "/tmp/work",
-            *runtime, "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", *masks]
+def _memfd(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, 0)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
 
 
 def _probe_bwrap() -> str | None:
@@ -142,47 +143,96 @@ def _probe_bwrap() -> str | None:
     flt = build_filter()
     if flt is None:
         return f"no seccomp filter for this architecture ({os.uname().machine})"
-    top = Path(tempfile.mkdtemp(prefix="specfold-probe-"))
+    fd = _memfd("seccomp", flt)
     try:
-        r, w = os.pipe()
-        os.write(w, flt)
-        os.close(w)
-        cmd = [*_bwrap_args(top, 1), "--seccomp", str(r), sys.executable, "-I", "-S", "-c", "pass"]
-        try:
-            p = subprocess.run(cmd, capture_output=True, timeout=20, pass_fds=(r,))
-        finally:
-            os.close(r)
+        cmd = [*_bwrap_args(1, "probe"), "--seccomp", str(fd), runtime().executable, "-I", "-S", "-c",
+               "import os, json, socket; assert os.listdir('/tmp') == ['.specfold', 'work'] or True"]
+        p = subprocess.run(cmd, capture_output=True, timeout=30, pass_fds=(fd,), stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             msg = p.stderr.decode("utf-8", "replace").strip().splitlines()
-            return f"bwrap cannot create its namespaces here ({msg[-1] if msg else p.returncode})"
+            return f"bwrap cannot create its sandbox here ({msg[-1] if msg else p.returncode})"
         return None
     except (OSError, subprocess.SubprocessError) as e:
         return f"bwrap failed to start ({e})"
     finally:
-        shutil.rmtree(top, ignore_errors=True)
+        os.close(fd)
 
 
 _WEAK_CANDIDATES = (
-    ("weak:userns+netns+pidns", ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]),
-    ("weak:netns+pidns", ["unshare", "--net", "--pid", "--fork", "--kill-child"]),
+    ("userns+netns+pidns", ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]),
+    ("netns+pidns", ["unshare", "--net", "--pid", "--fork", "--kill-child"]),
 )
 
 
-def _weak_prefix() -> tuple[str, tuple[str, ...]]:
+@dataclass(frozen=True)
+class Weak:
+    """How the weak mode runs here: namespaces (unshare prefix), uid, child-side layers."""
+
+    namespaces: str
+    prefix: tuple[str, ...]
+    user: int | None            # run the child as this uid (root only, when it can read the interpreter)
+    landlock: int               # Landlock ABI the child confines itself with (0: none)
+    seccomp: bool
+
+    def describe(self) -> str:
+        parts = [f"namespaces {self.namespaces}" if self.prefix else "no namespaces",
+                 f"uid {self.user}" if self.user is not None else f"uid {os.geteuid()}",
+                 f"Landlock ABI {self.landlock} (reads: interpreter and program; writes: its work folder)"
+                 if self.landlock else "no Landlock (the host filesystem is writable outside the Python guard)",
+                 "seccomp (no new processes)" if self.seccomp else "no seccomp (processes only capped by RLIMIT_NPROC)"]
+        return ", ".join(parts)
+
+
+def _as_user(uid: int | None) -> dict:
+    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
+
+
+def _weak_user() -> int | None:
+    """As root: SANDBOX_UID if it can start the interpreter and import the standard library."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        r = subprocess.run([runtime().executable, "-I", "-S", "-c", "import json, socket, asyncio, decimal"],
+                           capture_output=True, timeout=30, cwd="/", **_as_user(SANDBOX_UID))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return SANDBOX_UID if r.returncode == 0 else None
+
+
+def _weak_probe() -> Weak:
+    user = _weak_user()
+    name, prefix = "none", ()
     if shutil.which("unshare") is not None:
-        for name, prefix in _WEAK_CANDIDATES:
+        for cand, pre in _WEAK_CANDIDATES:
             try:
-                r = subprocess.run([*prefix, sys.executable, "-I", "-c", "pass"], capture_output=True, timeout=10)
+                r = subprocess.run([*pre, runtime().executable, "-I", "-c", "pass"], capture_output=True,
+                                   timeout=10, cwd="/", **_as_user(user))
             except (OSError, subprocess.SubprocessError):
                 continue
             if r.returncode == 0:
-                return name, tuple(prefix)
-    return "weak:none", ()
+                name, prefix = cand, tuple(pre)
+                break
+    landlock, seccomp = 0, False
+    flt = build_filter()
+    fd = _memfd("seccomp", flt) if flt else -1
+    try:
+        cfg = [f"seccomp_fd={fd}", "read_paths=", "write_paths="]
+        r = subprocess.run([*prefix, runtime().executable, "-I", "-S", "-B", "-c", CHILD_SOURCE, "--probe", *cfg],
+                           capture_output=True, text=True, timeout=30, cwd="/", pass_fds=(fd,) if fd >= 0 else (),
+                           **_as_user(user))
+        words = dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
+        landlock, seccomp = int(words.get("landlock", 0)), words.get("seccomp") == "1"
+    except (OSError, subprocess.SubprocessError, ValueError):
+        pass
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return Weak(name, prefix, user, landlock, seccomp)
 
 
 @lru_cache(maxsize=1)
-def backend() -> tuple[str, tuple[str, ...]]:
-    """("bwrap", ()) or, with SPECFOLD_SANDBOX=weak and no usable bwrap, (weak name, prefix).
+def backend() -> tuple[str, Weak | None]:
+    """("bwrap", None) or, with SPECFOLD_SANDBOX=weak and no usable bwrap, ("weak:...", Weak).
 
     Raises SandboxUnavailable when bwrap does not work and the weak mode was not asked for.
     """
@@ -191,16 +241,16 @@ def backend() -> tuple[str, tuple[str, ...]]:
         raise SandboxUnavailable(f"SPECFOLD_SANDBOX={mode!r}: accepted values are 'bwrap' (default) and 'weak'")
     why = _probe_bwrap()
     if why is None:
-        return "bwrap", ()
+        return "bwrap", None
     if mode != "weak":
         raise SandboxUnavailable(
             f"code execution needs the OS sandbox, but {why}: install bubblewrap "
             "(apt-get install bubblewrap) or set SPECFOLD_SANDBOX=weak to accept weaker containment")
-    name, prefix = _weak_prefix()
-    print(f"specfold: warning: {why}; SPECFOLD_SANDBOX=weak runs code with {name.split(':')[1]} only: "
-          "the filesystem is writable outside the Python guard, no seccomp, no unprivileged uid",
-          file=sys.stderr)
-    return name, prefix
+    weak = _weak_probe()
+    print(f"specfold: warning: {why}; SPECFOLD_SANDBOX=weak: scores can be forged and the host is exposed "
+          f"(the host filesystem stays mounted and readable by path; {weak.describe()}): "
+          "install bubblewrap for evaluations that count", file=sys.stderr)
+    return f"weak:{weak.namespaces}", weak
 
 
 def isolation() -> str:
@@ -208,9 +258,9 @@ def isolation() -> str:
     return backend()[0]
 
 
-def _tasks_of_current_user() -> int:
-    """Number of tasks (threads) owned by this uid, for a relative RLIMIT_NPROC."""
-    uid, n = os.getuid(), 0
+def _tasks_of_uid(uid: int) -> int:
+    """Number of tasks (threads) owned by `uid`, for a relative RLIMIT_NPROC."""
+    n = 0
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
@@ -221,50 +271,64 @@ def _tasks_of_current_user() -> int:
     return n
 
 
-def _tail(path: Path) -> str:
+def _tail(f) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - TAIL))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - TAIL))
+        return f.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
         return ""
 
 
-def _read_all(fd: int, cap: int = 4096) -> bytes:
-    """What the child wrote on the result pipe (non-blocking; at most `cap` bytes)."""
-    os.set_blocking(fd, False)
-    chunks, total = [], 0
-    while total < cap:
+class _Channel(threading.Thread):
+    """Reads the result pipe while the child runs (reports can exceed a pipe's buffer); owns `fd`."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.data, self.overflow = fd, bytearray(), False
+
+    def run(self) -> None:
         try:
-            b = os.read(fd, cap - total)
-        except BlockingIOError:
-            break
-        if not b:
-            break
-        chunks.append(b)
-        total += len(b)
-    return b"".join(chunks)
+            while True:
+                b = os.read(self.fd, 1 << 16)
+                if not b:
+                    break
+                if len(self.data) + len(b) > CHANNEL_CAP:
+                    self.overflow = True
+                    break
+                self.data += b
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+
+    def parse(self, token: bytes) -> tuple[bool, tuple | None]:
+        """(the pass line arrived, the reports as (slot, text), or None when the channel is malformed)."""
+        lines = bytes(self.data).split(b"\n")
+        if self.overflow or lines.pop() != b"":
+            return False, None
+        passed = bool(lines) and lines[-1] == b"PASS " + token
+        reports = []
+        for line in lines[:-1] if passed else lines:
+            head, _, rest = line.partition(b" ")
+            slot, _, text = rest.partition(b" ")
+            if head != b"R" or not slot.isdigit() or not text:
+                return passed, None
+            reports.append((int(slot), text.decode("utf-8", "replace")))
+        return passed, tuple(reports)
 
 
-@lru_cache(maxsize=1)
-def _site_dirs() -> list[str]:
-    """This interpreter's site-packages folders: the child (started with -S, which skips the
-    slow .pth processing) appends them to sys.path, so installed packages stay importable."""
-    import site
-
-    return [p for p in site.getsitepackages() if os.path.isdir(p)]
-
-
-def _kill_namespace(info_fd: int, top: Path, wait_s: float = 5.0) -> None:
+def _kill_namespace(info: bytes, run_id: str, wait_s: float = 5.0) -> None:
     """SIGKILL the sandbox's PID-namespace init (bwrap's `child-pid`) and wait until it is dead.
 
     Killing the init kills every process of the namespace; the kernel does this asynchronously,
     and the init itself dies last, so once it is a zombie or gone nothing of the run is left.
     The pid is pinned with a pidfd and checked to be this run's bwrap (its command line names
-    the run's directory) before it is signalled, so a reused pid is never touched."""
+    the run's id) before it is signalled, so a reused pid is never touched."""
+    import json
+
     try:
-        pid = int(json.loads(_read_all(info_fd).decode() or "{}").get("child-pid", 0))
+        pid = int(json.loads(info.decode() or "{}").get("child-pid", 0))
     except (ValueError, AttributeError):
         pid = 0
     if pid <= 1:
@@ -275,7 +339,7 @@ def _kill_namespace(info_fd: int, top: Path, wait_s: float = 5.0) -> None:
         return
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            if str(top).encode() not in f.read():
+            if run_id.encode() not in f.read():
                 return
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         deadline = time.monotonic() + wait_s
@@ -291,88 +355,154 @@ def _kill_namespace(info_fd: int, top: Path, wait_s: float = 5.0) -> None:
         os.close(pidfd)
 
 
-def _command(name: str, prefix: tuple[str, ...], top: Path, limits: Limits, fds: dict) -> tuple[list[str], str]:
-    """(argv, the program's path as the child sees it)."""
-    if name == "bwrap":
-        inner = INSIDE_TOP
-        head = [*_bwrap_args(top, limits.tmp_mb), "--seccomp", str(fds["seccomp_fd"]),
-                "--info-fd", str(fds["info_fd"])]
-    else:
-        inner, head = str(top), list(prefix)
+def _read_info(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+
+
+# -- runs that must not outlive a SIGTERM of this process ------------------------------------------
+_LIVE: dict[str, tuple[int, str | None]] = {}  # run id -> (process group, weak run directory)
+
+
+def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
+    for pgid, top in list(_LIVE.values()):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+        if top:
+            shutil.rmtree(top, ignore_errors=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of the signal, as without the handler (no traceback)
+
+
+def _install_sigterm_cleanup() -> None:
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _nproc(uid: int, limits: Limits) -> int:
+    return 0 if uid == 0 else _tasks_of_uid(uid) + limits.max_procs
+
+
+def _config(limits: Limits, fds: dict, extra: dict) -> list[str]:
     cfg = {
         "memory_mb": limits.memory_mb,
         "cpu_s": limits.cpu_s if limits.cpu_s is not None else math.ceil(limits.timeout_s) + 1,
         "file_mb": limits.file_mb,
         "nofile": limits.nofile,
-        "nproc": 0 if os.getuid() == 0 else _tasks_of_current_user() + limits.max_procs,
         "token_fd": fds["token_fd"],
         "result_fd": fds["result_fd"],
         "guard": int(limits.guard),
-        "site": os.pathsep.join(_site_dirs()),
+        **extra,
     }
-    return [*head, sys.executable, "-I", "-S", "-B", str(CHILD), f"{inner}/program.py", *(f"{k}={v}" for k, v in cfg.items())], inner
+    return [f"{k}={v}" for k, v in cfg.items()]
+
+
+def _bwrap_command(run_id: str, source: bytes, limits: Limits, fds: dict, keep: list[int]) -> list[str]:
+    prog, child = _memfd("program", source), _memfd("child", CHILD_SOURCE)
+    flt = _memfd("seccomp", build_filter())
+    keep += [prog, child, flt]
+    root = os.geteuid() == 0
+    extra = {"drop_uid": SANDBOX_UID if root else -1, "nproc": _nproc(SANDBOX_UID if root else os.getuid(), limits)}
+    return [*_bwrap_args(limits.tmp_mb, run_id), "--perms", "0444", "--ro-bind-data", str(prog), f"{INSIDE_TOP}/program.py",
+            "--perms", "0444", "--ro-bind-data", str(child), f"{INSIDE_TOP}/child.py", "--seccomp", str(flt),
+            "--info-fd", str(fds["info_fd"]), runtime().executable, "-I", "-S", "-B", f"{INSIDE_TOP}/child.py",
+            f"{INSIDE_TOP}/program.py", *_config(limits, fds, extra)]
+
+
+def _weak_command(weak: Weak, top: Path, source: bytes, limits: Limits, fds: dict, keep: list[int]) -> list[str]:
+    (top / "program.py").write_bytes(source)
+    (top / "child.py").write_bytes(CHILD_SOURCE)
+    work = top / "work"
+    if weak.user is not None:
+        os.chmod(top, 0o755)
+        os.chown(work, weak.user, weak.user)
+    rt = runtime()
+    extra = {"nproc": _nproc(weak.user if weak.user is not None else os.getuid(), limits), "confine": 1,
+             "landlock": weak.landlock,
+             "read_paths": os.pathsep.join([rt.executable, *rt.dirs, *{os.path.realpath(f) for f in rt.files},
+                                            str(top)]),
+             "write_paths": str(work)}
+    if weak.seccomp:
+        extra["seccomp_fd"] = _memfd("seccomp", build_filter())
+        keep.append(extra["seccomp_fd"])
+    return [*weak.prefix, rt.executable, "-I", "-S", "-B", str(top / "child.py"), str(top / "program.py"),
+            *_config(limits, fds, extra)]
 
 
 def run_program(source: str, limits: Limits = Limits()) -> RunResult:
     """Run `source` as a Python program in the sandbox (see module docstring)."""
-    name, prefix = backend()
-    top = Path(tempfile.mkdtemp(prefix="specfold-sandbox-"))
-    (top / "program.py").write_text(source, encoding="utf-8")
-    work = top / "work"
-    work.mkdir()
+    name, weak = backend()
+    _install_sigterm_cleanup()
+    run_id = f"specfold-run-{secrets.token_hex(8)}"
+    top = Path(tempfile.mkdtemp(prefix=f"specfold-sandbox-{os.getpid()}-")) if weak is not None else None
     token = secrets.token_hex(16).encode()
     tok_r, tok_w = os.pipe()
     res_r, res_w = os.pipe()
     os.write(tok_w, token + b"\n")
     os.close(tok_w)
-    fds = {"token_fd": tok_r, "result_fd": res_w}
-    passed = [tok_r, res_w]
-    info_r = None
-    if name == "bwrap":
-        sc_r, sc_w = os.pipe()
-        os.write(sc_w, build_filter())
-        os.close(sc_w)
-        info_r, info_w = os.pipe()
-        fds["seccomp_fd"], fds["info_fd"] = sc_r, info_w
-        passed += [sc_r, info_w]
-    cmd, _ = _command(name, prefix, top, limits, fds)
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(work), "TMPDIR": str(work), "LANG": "C.UTF-8",
-           "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0"}
-    t0 = time.perf_counter()
-    rc, timed_out = None, False
+    info_r, info_w = os.pipe() if weak is None else (None, None)
+    fds = {"token_fd": tok_r, "result_fd": res_w, "info_fd": info_w}
+    keep = [tok_r, res_w] + ([info_w] if info_w is not None else [])
+    channel = _Channel(res_r)
+    rc, timed_out, t0 = None, False, time.perf_counter()
+    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     try:
-        with open(top / "stdout", "wb") as out, open(top / "stderr", "wb") as err:
+        if weak is None:
+            cmd, cwd, env, user = _bwrap_command(run_id, source.encode("utf-8"), limits, fds, keep), "/", {}, None
+        else:
+            (top / "work").mkdir()
+            cmd = _weak_command(weak, top, source.encode("utf-8"), limits, fds, keep)
+            cwd, user = str(top / "work"), weak.user
+            env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "SPECFOLD_RUN": run_id}
+        channel.start()
+        try:
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
+        finally:
+            for fd in keep:
+                os.close(fd)
+            keep.clear()
+        _LIVE[run_id] = (proc.pid, str(top) if top else None)
+        try:
+            rc = proc.wait(timeout=limits.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
             try:
-                proc = subprocess.Popen(cmd, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                        stderr=err, start_new_session=True, pass_fds=tuple(passed))
-            finally:
-                for fd in passed:
-                    os.close(fd)
-            try:
-                rc = proc.wait(timeout=limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-            finally:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-                proc.wait()
-                if info_r is not None:
-                    _kill_namespace(info_r, top)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+            if info_r is not None:
+                _kill_namespace(_read_info(info_r), run_id)
         seconds = time.perf_counter() - t0
-        got = _read_all(res_r)
-        status = "passed" if got == b"PASS " + token + b"\n" else ("timeout" if timed_out else "failed")
-        return RunResult(status, rc, _tail(top / "stdout"), _tail(top / "stderr"), seconds, name)
+        channel.join(timeout=5.0)
+        passed, reports = channel.parse(token)
+        ok = passed and reports is not None
+        status = "passed" if ok else ("timeout" if timed_out else "failed")
+        return RunResult(status, rc, _tail(out), _tail(err), seconds, name, reports or ())
     finally:
-        os.close(res_r)
+        _LIVE.pop(run_id, None)
+        for fd in keep:
+            os.close(fd)
+        if not channel.is_alive() and channel.ident is None:
+            os.close(res_r)
         if info_r is not None:
             os.close(info_r)
-        shutil.rmtree(top, ignore_errors=True)
+        out.close()
+        err.close()
+        if top is not None:
+            shutil.rmtree(top, ignore_errors=True)
 
 
 def run_many(sources: list[str], limits: Limits = Limits(), workers: int = 1) -> list[RunResult]:
     """`run_program` over many programs, `workers` at a time (results in input order)."""
+    _install_sigterm_cleanup()
     if workers <= 1:
         return [run_program(s, limits) for s in sources]
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -153,13 +153,20 @@ def _guard_processes_and_network() -> None:
         resource.prlimit = _denied("resource.prlimit")
 
     class NoSocket(_socket.socket):
-        def __init__(self, *args, **kwargs):
-            raise PermissionError("sandbox: network (socket) is disabled")
+        """Refuses to open a socket; wrapping an existing descriptor (socketpair) stays possible.
+        No instance dict and no weakref slot, so `socket.socket` can add its own `__slots__`."""
+
+        __slots__ = ()
+
+        def __init__(self, family=-1, type=-1, proto=-1, fileno=None):
+            if fileno is None:
+                raise PermissionError("sandbox: network (socket) is disabled")
+            super().__init__(family, type, proto, fileno)
 
     _socket.socket = _socket.SocketType = NoSocket
     mods = [_socket] + ([sys.modules["socket"]] if "socket" in sys.modules else [])
-    for mod in mods:
-        for name in ("socketpair", "fromfd", "create_connection", "create_server", "getaddrinfo",
+    for mod in mods:  # socketpair stays: a connected pair reaches nothing (asyncio's self-pipe)
+        for name in ("fromfd", "create_connection", "create_server", "getaddrinfo",
                      "gethostbyname", "gethostbyname_ex", "gethostbyaddr"):
             if hasattr(mod, name):
                 setattr(mod, name, _denied(f"network ({name})"))
@@ -203,12 +210,180 @@ def install_guard(root: str) -> None:
 
 
 def parse_config(args: list[str]) -> dict:
-    """`key=value` arguments: integers, `guard` (0/1) and `site` (os.pathsep-separated folders)."""
+    """`key=value` arguments: integers, or os.pathsep-separated paths for keys ending in `_paths`."""
     cfg: dict = {}
     for a in args:
         key, _, value = a.partition("=")
-        cfg[key] = [p for p in value.split(os.pathsep) if p] if key == "site" else int(value)
+        cfg[key] = [p for p in value.split(os.pathsep) if p] if key.endswith("_paths") else int(value)
     return cfg
+
+
+def drop_privileges(cfg: dict) -> None:
+    """As root (bubblewrap run by root, in its own namespaces): become `drop_uid` for good before
+    anything of the program is read. Exits when the switch did not take."""
+    uid = cfg.get("drop_uid", -1)
+    if uid < 0:
+        return
+    try:
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    except OSError as e:
+        print(f"sandbox: cannot drop root to uid {uid}: {e}", file=sys.stderr)
+        os._exit(1)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid) or os.getgroups():
+        print(f"sandbox: still privileged after dropping to uid {uid}", file=sys.stderr)
+        os._exit(1)
+
+
+_LL_READ_DIR = 1 | 4 | 8            # landlock: EXECUTE | READ_FILE | READ_DIR
+_LL_READ_FILE = 1 | 4               # EXECUTE | READ_FILE (rules on files take file rights only)
+_LL_FILE_RIGHTS = 1 | 2 | 4 | (1 << 14) | (1 << 15)  # EXECUTE WRITE READ TRUNCATE IOCTL_DEV
+
+
+def _landlock(libc, ctypes, read: list, write: list) -> int:
+    """Confine this process (and anything it could start) with Landlock: read `read`, write
+    `write`, nothing else of the filesystem; no TCP bind/connect (ABI >= 4); no signals or abstract
+    unix sockets beyond itself (ABI >= 6). Returns the ABI used, 0 when Landlock is unavailable."""
+    import struct
+
+    sysc = libc.syscall
+    sysc.restype = ctypes.c_long
+    abi = sysc(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # landlock_create_ruleset(VERSION)
+    if abi < 1:
+        return 0
+    fs = (1 << {1: 13, 2: 14, 3: 15, 4: 15}.get(abi, 16)) - 1
+    attr = struct.pack("=QQQ", fs, 3 if abi >= 4 else 0, 3 if abi >= 6 else 0)[:8 if abi < 4 else 16 if abi < 6 else 24]
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    rfd = sysc(444, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0))
+    if rfd < 0:
+        return 0
+    rules = [(p, _LL_READ_DIR if os.path.isdir(p) else _LL_READ_FILE) for p in read]
+    rules += [(p, fs if os.path.isdir(p) else fs & _LL_FILE_RIGHTS) for p in write]
+    rules += [("/dev/null", 2 | 4 | ((1 << 15) if abi >= 5 else 0)), ("/dev/urandom", 4)]
+    for path, rights in rules:
+        try:
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        rule = ctypes.create_string_buffer(struct.pack("=Qi", rights & fs, pfd), 12)
+        r = sysc(445, ctypes.c_int(rfd), ctypes.c_int(1), rule, ctypes.c_uint32(0))
+        os.close(pfd)
+        if r != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule({path})")
+    if sysc(446, ctypes.c_int(rfd), ctypes.c_uint32(0)) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(rfd)
+    return abi
+
+
+def _seccomp(libc, ctypes, fd: int) -> bool:
+    """Load the parent's seccomp filter (the same one bubblewrap loads) from `fd`."""
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    os.close(fd)
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    prog = Prog(len(data) // 8, data)
+    return libc.prctl(22, 2, ctypes.byref(prog), 0, 0) == 0  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+
+def confine(cfg: dict, strict: bool) -> dict:
+    """The weak mode's OS layers, set up by the child itself before it reads the program (no
+    bubblewrap): no new privileges, Landlock, seccomp. ctypes is used here and then unloaded.
+    strict: exit when a layer the parent expects cannot be set up."""
+    done = {"landlock": 0, "seccomp": 0}
+    try:
+        import ctypes
+    except ImportError:
+        if strict:
+            print("sandbox: ctypes is missing, cannot confine the weak mode", file=sys.stderr)
+            os._exit(1)
+        return done
+    libc = ctypes.CDLL(None, use_errno=True)
+    try:
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if cfg.get("landlock", 1):
+            done["landlock"] = _landlock(libc, ctypes, cfg.get("read_paths", []), cfg.get("write_paths", []))
+            if strict and cfg.get("landlock") and not done["landlock"]:
+                raise OSError("Landlock is not available")
+        if cfg.get("seccomp_fd", -1) >= 0:
+            done["seccomp"] = int(_seccomp(libc, ctypes, cfg["seccomp_fd"]))
+            if strict and not done["seccomp"]:
+                raise OSError("seccomp filter refused")
+    except OSError as e:
+        if strict:
+            print(f"sandbox: cannot confine the weak mode: {e}", file=sys.stderr)
+            os._exit(1)
+    for name in [n for n in sys.modules if n == "ctypes" or n.startswith("ctypes.") or n == "_ctypes"]:
+        sys.modules[name] = None
+    return done
+
+
+SMALL_INT = 1 << 62
+MAX_DEPTH = 200
+
+
+def encode(v, depth=0):
+    """A JSON-able form of plain data (None, bool, int, float, complex, str, bytes, list, tuple,
+    dict, set, frozenset, Fraction, Decimal; subclasses as their base type). Anything else raises
+    TypeError: an object of the program's own class is not data (its `__eq__` could lie).
+    Tags: {"I": hex} big int, {"C": [re, im]}, {"B": hex}, {"T": [...]}, {"S": [...]},
+    {"FS": [...]}, {"D": [[k, v], ...]}, {"Q": [num, den]}, {"DEC": str}."""
+    if depth > MAX_DEPTH:
+        raise TypeError("nested too deeply")
+    if v is None or v is True or v is False:
+        return v
+    if isinstance(v, int):
+        v = int.__index__(v)
+        return v if -SMALL_INT < v < SMALL_INT else {"I": hex(v)}
+    if isinstance(v, float):
+        return float.__float__(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, complex):
+        return {"C": [v.real, v.imag]}
+    if isinstance(v, (bytes, bytearray)):
+        return {"B": bytes(v).hex()}
+    d = depth + 1
+    if isinstance(v, list):
+        return [encode(x, d) for x in list.__iter__(v)]
+    if isinstance(v, tuple):
+        return {"T": [encode(x, d) for x in tuple.__iter__(v)]}
+    if isinstance(v, dict):
+        return {"D": [[encode(k, d), encode(x, d)] for k, x in dict.items(v)]}
+    if isinstance(v, (set, frozenset)):
+        return {"FS" if isinstance(v, frozenset) else "S": [encode(x, d) for x in v]}
+    name = type(v).__module__ + "." + type(v).__qualname__
+    if name == "fractions.Fraction":
+        return {"Q": [encode(v.numerator, d), encode(v.denominator, d)]}
+    if name == "decimal.Decimal":
+        return {"DEC": str(v)}
+    raise TypeError(f"a {type(v).__qualname__} is not plain data")
+
+
+def make_reporter(fd: int):
+    """`__specfold_report__(first_slot, *values)`: each value as one line `R <slot> <json>` on the
+    result channel (`R <slot> !<why>` when it is not data). Its frame holds only the channel's fd."""
+    import json
+
+    dumps, write = json.dumps, os.write
+
+    def report(first, *values):
+        for i, v in enumerate(values):
+            try:
+                text = dumps(encode(v), allow_nan=True, separators=(",", ":"))
+            except (TypeError, ValueError, RecursionError) as e:
+                text = "!" + str(e).replace("\n", " ")[:200]
+            data = f"R {first + i} {text}\n".encode()
+            while data:
+                data = data[write(fd, data):]
+
+    return report
 
 
 def worker_chain(code, ns, done, queue):
@@ -236,14 +411,21 @@ def main() -> None:
     import _thread
 
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)  # no Python signal handler runs in main
+    if sys.argv[1] == "--probe":  # the parent asks which weak-mode layers work here
+        done = confine(parse_config(sys.argv[2:]), strict=False)
+        print(" ".join(f"{k}={v}" for k, v in done.items()), flush=True)
+        os._exit(0)
     prog_path, cfg = sys.argv[1], parse_config(sys.argv[2:])
+    drop_privileges(cfg)
+    if cfg.get("confine"):
+        confine(cfg, strict=True)
     token = os.read(cfg["token_fd"], 256).strip()
     os.close(cfg["token_fd"])
     import gc
 
     result_fd, write, real_exit, gc_disable = cfg["result_fd"], os.write, os._exit, gc.disable
     set_limits(cfg)
-    sys.path.extend(cfg.get("site", ()))
+    reporter = make_reporter(result_fd)
     with open(prog_path, encoding="utf-8") as f:
         source = f.read()
     try:
@@ -258,8 +440,9 @@ def main() -> None:
     sys.argv = ["program.py"]
     done, queue = _thread.allocate_lock(), _queue.SimpleQueue()
     done.acquire()
-    chain, ended = worker_chain(code, {"__name__": "__main__", "__builtins__": builtins}, done, queue)
-    del code
+    ns = {"__name__": "__main__", "__builtins__": builtins, "__specfold_report__": reporter}
+    chain, ended = worker_chain(code, ns, done, queue)
+    del code, ns, reporter
     ok = False
     try:
         _thread.stack_size(64 * MIB)

@@ -14,3 +14,35 @@ def data_dir() -> Path:
     if not (DATA / "gsm8k" / "test.jsonl").is_file():
         pytest.skip(f"benchmark data not found at {DATA} (set SPECFOLD_DATA)")
     return DATA
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sandbox(kind=None): runs model-written code; kind='bwrap' needs bubblewrap itself")
+
+
+def _sandbox_skip(kind: str | None) -> str | None:
+    """None when the code sandbox (of `kind`) runs here, else the one skip reason."""
+    from specfold.eval import sandbox
+
+    try:
+        name = sandbox.isolation()
+    except sandbox.SandboxUnavailable:
+        name = None
+    if name is not None and (kind is None or name == kind):
+        return None
+    why = sandbox._probe_bwrap() or "SPECFOLD_SANDBOX=weak is set"
+    return (f"code execution needs bubblewrap ({why}): `make test` installs it when run as root with apt; "
+            "otherwise install it with `apt-get install bubblewrap` (or your system's bubblewrap package)")
+
+
+def pytest_collection_modifyitems(config, items):
+    reasons: dict = {}
+    for item in items:
+        mark = item.get_closest_marker("sandbox")
+        if mark is None:
+            continue
+        kind = mark.args[0] if mark.args else None
+        if kind not in reasons:
+            reasons[kind] = _sandbox_skip(kind)
+        if reasons[kind]:
+            item.add_marker(pytest.mark.skip(reason=reasons[kind]))

@@ -7,6 +7,8 @@ import pytest
 
 from specfold.eval.tasks import get_task
 
+pytestmark = pytest.mark.sandbox
+
 FULL = os.environ.get("SPECFOLD_EVAL_FULL") == "1"
 # Reference solutions that need several seconds of CPU (mbpp/123 sums amicable numbers below
 # 9999, ~5 s unloaded): they can exceed the 10 s limit on a loaded CI runner, so the sampled
@@ -43,7 +45,8 @@ def test_wrong_humaneval_solutions_fail(humaneval):
     s = samples[0]  # has_close_elements
     wrong = f"```python\ndef {s.reference['entry_point']}(numbers, threshold):\n    return False\n```"
     r = task.score(s, wrong)
-    assert not r["correct"] and r["status"] == "failed"
+    assert not r["correct"] and r["status"] == "wrong"  # returned, but the harness found a wrong value
+    assert r["error"].startswith("failed: assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True (got False)")
     assert not task.score(s, "I cannot solve this.")["correct"]
     assert not task.score(s, "")["correct"]
 

@@ -10,6 +10,7 @@ import pytest
 
 from specfold.eval.sandbox import Limits, run_program
 
+pytestmark = pytest.mark.sandbox
 FAST = Limits(timeout_s=5.0)
 
 

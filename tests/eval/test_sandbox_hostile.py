@@ -20,10 +20,9 @@ import pytest
 
 from specfold.eval import sandbox
 from specfold.eval.sandbox import Limits, run_program
+from tests.eval.sandbox_helpers import own_tree, subreaper  # noqa: F401 (subreaper: autouse fixture)
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("SPECFOLD_SANDBOX") == "weak" or shutil.which("bwrap") is None,
-    reason="the hostile suite checks the bubblewrap sandbox (apt-get install bubblewrap)")
+pytestmark = pytest.mark.sandbox("bwrap")
 
 SHORT = Limits(timeout_s=3.0)
 
@@ -37,18 +36,11 @@ def outside():
 
 
 def leftovers(tag: str) -> list[str]:
-    """Command lines of live processes that mention `tag` or the sandbox child (this process excluded)."""
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{d}/cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
-        except OSError:
-            continue
-        if tag in cmd or "/tmp/.specfold/program.py" in cmd or "specfold-sandbox-" in cmd:
-            found.append(f"{d}: {cmd}")
-    return found
+    """Live processes of this test's own process tree (orphans included: see `subreaper`) whose
+    command line mentions `tag` or the sandbox child. Other processes on the machine, another
+    test suite's sandboxes included, are not looked at."""
+    return [f"{pid}: {cmd}" for pid, cmd in own_tree().items()
+            if tag in cmd or "/tmp/.specfold/" in cmd or "specfold-sandbox-" in cmd]
 
 
 def contained(src: str, markers: list[Path], tag: str, limits: Limits = SHORT) -> None:

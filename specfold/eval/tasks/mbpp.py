@@ -4,7 +4,9 @@ Data: `mbpp/sanitized-mbpp.json` (fields `prompt`, `code`, `task_id`, `test_impo
 `test_list`) and `mbpp/mbpp.jsonl` (fields `text`, `code`, `task_id`, `test_setup_code`,
 `test_list`) inside a folder, or the file itself; HF `google-research-datasets/mbpp` (configs
 sanitized / full) when `datasets` is installed. The test split is task_id 11..510 in both.
-Program run in the sandbox: test imports, the extracted code, test setup code, the asserts.
+Program run in the sandbox: test imports, the extracted code, test setup code, the asserts, each
+of the form `f(args) == expected` (all of them in both splits) turned into a report judged by the
+harness (verdict.py), so the expected values never enter the sandbox.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from specfold.eval.code_extract import extract_code
 from specfold.eval.sandbox import Limits, isolation
 from specfold.eval.tasks.base import DataError, Sample, Task, take
 from specfold.eval.tasks.humaneval import run_verdict
+from specfold.eval.verdict import Plan, plan_test
 
 TEST_IDS = range(11, 511)
 PROMPT = (
@@ -33,11 +36,12 @@ def entry_point(code: str, tests: list[str]) -> str | None:
     return names[0] if names else None
 
 
-def build_program(completion: str, ref: dict[str, Any]) -> str:
-    """The full program executed for one MBPP completion."""
+def build_program(completion: str, ref: dict[str, Any]) -> tuple[str, Plan]:
+    """The full program executed for one MBPP completion, and the checks judged outside."""
     code = extract_code(completion, ref.get("entry_point"))
-    parts = ["\n".join(ref["test_imports"]), code, ref["test_setup_code"], "\n".join(ref["test_list"])]
-    return "\n\n".join(p for p in parts if p) + "\n"
+    plan = plan_test("\n".join(ref["test_list"]))
+    parts = ["\n".join(ref["test_imports"]), code, ref["test_setup_code"], plan.source]
+    return "\n\n".join(p for p in parts if p) + "\n", plan
 
 
 class MBPP(Task):
@@ -69,7 +73,7 @@ class MBPP(Task):
         return take(samples, limit)
 
     def score(self, sample: Sample, completion: str) -> dict[str, Any]:
-        return run_verdict(build_program(completion, sample.reference), self.limits)
+        return run_verdict(*build_program(completion, sample.reference), self.limits)
 
 
 class MBPPFull(MBPP):
