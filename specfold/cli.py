@@ -6,6 +6,7 @@ Invariants:
   is registered in full (its module imported); the others are listed by name and help.
 - Every user error ends in ONE line on stderr and exit status 2 (argparse errors, SpecfoldError,
   a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130, a closed stdout pipe quietly with 141,
+  SIGTERM quietly with 143 (interrupts.py: both unwind as exceptions, never inside an import),
   keeping whatever a resumable run already wrote. Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
@@ -15,9 +16,10 @@ import importlib
 import json
 import sys
 
+from specfold.interrupts import Terminated, handling_signals
 from specfold.params import CONFIDENCES, RULES
 
-EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 2, 130, 141, 143
 
 
 class Parser(argparse.ArgumentParser):
@@ -110,12 +112,8 @@ def params_from_args(a: argparse.Namespace):
         eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend)
 
 
-def llm_from_args(a: argparse.Namespace):
-    import torch
-
-    from specfold.api import LLM
-    if a.threads:
-        torch.set_num_threads(a.threads)
+def overrides_from_args(a: argparse.Namespace) -> dict:
+    """The model spec overrides of `--override KEY=JSON` (a value that is not JSON is a string)."""
     overrides = {}
     for item in a.override:
         key, _, val = item.partition("=")
@@ -123,7 +121,16 @@ def llm_from_args(a: argparse.Namespace):
             overrides[key] = json.loads(val)
         except json.JSONDecodeError:
             overrides[key] = val
-    return LLM(a.model, dtype=a.dtype, device=a.device, overrides=overrides or None)
+    return overrides
+
+
+def llm_from_args(a: argparse.Namespace):
+    import torch
+
+    from specfold.api import LLM
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    return LLM(a.model, dtype=a.dtype, device=a.device, overrides=overrides_from_args(a) or None)
 
 
 def stats_line(st) -> str:
@@ -207,7 +214,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 # subcommands provided by other parts: (name, module, help, extra it needs or None)
 _PLUGINS = [
-    ("calibrate", "specfold.decoding.drafts.calibrate", "calibrate a Spiffy draft graph", None),
+    ("calibrate", "specfold.calibrate_cli", "calibrate a Spiffy draft graph", None),
     ("bench", "specfold.eval.bench", "benchmark methods side by side (needs the 'eval' extra)", "eval"),
     ("eval", "specfold.eval.evaluate", "score a method on benchmarks (needs the 'eval' extra)", "eval"),
     ("train-tiny", "specfold.tiny.train", "train the embedded tiny model", None),
@@ -220,7 +227,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that plugin subcommand is registered in full (the others are
     listed by name, their modules not imported). `command=None` registers every one."""
     ap = Parser(prog="specfold", description="fast lossless decoding for diffusion LLMs",
-                epilog="exit status: 0 ok, 2 bad input (one line on stderr), 130 interrupted")
+                epilog="exit status: 0 ok, 2 bad input (one line on stderr), 130 interrupted, 143 terminated")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     g = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(g)
@@ -261,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     command = _command(argv)
     prog = f"specfold {command}" if command else "specfold"
     try:
-        extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
-        if extra is not None:
-            require(extra, prog)
-        a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
-        return a.func(a) or 0
+        with handling_signals():  # SIGINT/SIGTERM unwind as exceptions, never inside an import
+            extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
+            if extra is not None:
+                require(extra, prog)
+            a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
+            return a.func(a) or 0
     except MissingExtraError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -288,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(("\n" if sys.stderr.isatty() else "") + "terminated", file=sys.stderr)
+        return EXIT_TERMINATED
 
 
 def lm_eval_main() -> int:

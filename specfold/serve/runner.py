@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 log = logging.getLogger("specfold.serve")
 
@@ -114,6 +114,10 @@ class EngineRunner:
     def running(self) -> int:
         """Engine requests that are neither finished nor aborted (approximate off the engine thread)."""
         return len(self._live)
+
+    def health(self) -> dict:
+        """What /health reports besides its status: live requests and the counters."""
+        return {"running": self.running(), **asdict(self.counters)}
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:

@@ -1,0 +1,52 @@
+"""Connecting to a Ray cluster, or starting a local one, and checking that replicas fit in it.
+
+Invariants:
+- `connect` never starts a second cluster in a process: an already connected process keeps its
+  connection (tests and notebooks call the CLI functions in-process).
+- A local cluster gets no dashboard and Ray's usage statistics are off; `connect` says whether
+  this process started the cluster (so that it alone shuts it down).
+- Replicas that a cluster cannot place are an error before anything is deployed on a local cluster
+  (a deployment would wait forever), and a warning on a remote one (its autoscaler may add nodes).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from specfold.errors import SpecfoldError
+
+
+def connect(address: str | None = None, num_cpus: int | None = None,
+            object_store_memory: int | None = None) -> bool:
+    """Connect to the cluster at `address` ("auto", "ray://host:10001", "host:6379"), or start a
+    local one; True when this call started a local cluster."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+    if ray.is_initialized():
+        return False
+    if address:
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SpecfoldError(f"cannot connect to the Ray cluster at {address!r}: {first}") from None
+        return False
+    ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, include_dashboard=False,
+             log_to_driver=False)
+    return True
+
+
+def check_fits(replicas: int, num_cpus: float, num_gpus: float, strict: bool) -> None:
+    """Error (strict) or warn unless the cluster has the CPUs and GPUs of `replicas` replicas."""
+    import ray
+    have = ray.cluster_resources()
+    need = {"CPU": replicas * num_cpus, "GPU": replicas * num_gpus}
+    short = [f"{need[k]:g} {k}s (the cluster has {have.get(k, 0):g})" for k in need
+             if need[k] > 0 and need[k] > have.get(k, 0) + 1e-9]
+    if not short:
+        return
+    msg = (f"{replicas} replica(s) of {num_cpus:g} CPU and {num_gpus:g} GPU need {' and '.join(short)}: "
+           f"give fewer replicas, a smaller --replica-cpus, or --ray-address of a larger cluster")
+    if strict:
+        raise SpecfoldError(msg)
+    print(f"warning: {msg}; waiting for the cluster to grow", file=sys.stderr)

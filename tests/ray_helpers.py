@@ -1,0 +1,41 @@
+"""One local Ray cluster (and one Serve instance) per test process, shared by the Ray test modules.
+
+Started on first use with a small object store, no dashboard and 4 logical CPUs (two replicas and
+two Ray Data actors of one CPU each fit at once; the machine may have fewer cores), and shut down
+when the process exits. Other processes (the CLI under test) join it by its address.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+
+_state: dict = {}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_cluster() -> str:
+    """The GCS address of this process's local cluster (started on first call)."""
+    if "address" not in _state:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        import ray
+        ctx = ray.init(num_cpus=4, object_store_memory=96 * 2**20, include_dashboard=False, log_to_driver=False)
+        _state["address"] = ctx.address_info["gcs_address"]
+        atexit.register(ray.shutdown)
+    return _state["address"]
+
+
+def serve_url() -> str:
+    """http://127.0.0.1:PORT of the cluster's Serve HTTP proxy (Serve started on first call)."""
+    if "url" not in _state:
+        ray_cluster()
+        from ray import serve
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        _state["url"] = f"http://127.0.0.1:{port}"
+    return _state["url"]

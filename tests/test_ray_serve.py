@@ -1,0 +1,258 @@
+"""Engine replicas on Ray Serve, end to end: a local Ray cluster (one per test process), the real
+`specfold serve --replicas 2` CLI joining it, the Python API app, and real HTTP clients.
+
+References are independent of Ray: the single-process server (serve/app.py on one in-process
+engine) answers the same requests; the replicas' own counters (reported to /health) show who served,
+refused and aborted what; Ray kills a replica's actor for the fault test. Waits are liveness bounds.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("fastapi")
+import httpx  # noqa: E402
+
+from tests.ray_helpers import ray_cluster, serve_url  # noqa: E402
+from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+QUESTIONS = [json.loads(line)["question"]
+             for line in (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()[:16]]
+ERROR_FIELDS = {"message", "type", "param", "code"}
+
+
+def health(url: str) -> dict:
+    return httpx.get(url + "/health", timeout=30).json()
+
+
+def running_replicas(url: str) -> list[dict]:
+    return [r for r in health(url).get("replicas", []) if r["state"] == "RUNNING"]
+
+
+def body(i: int) -> dict:
+    """Request i of the load: seeded sampling with n=2, streaming, a stop string, or plain greedy."""
+    b = {"model": "tiny", "messages": [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+         "max_tokens": 48, "temperature": 0}
+    kind = i % 4
+    if kind == 0:
+        b.update(temperature=0.9, seed=1000 + i, n=2)
+    elif kind == 1:
+        b.update(stream=True, seed=i, temperature=0.7)
+    elif kind == 2:
+        b.update(stop=["="])
+    return b
+
+
+async def chat(c: httpx.AsyncClient, url: str, b: dict) -> tuple[int, dict]:
+    """(status, {"texts", "reasons"}) or (status, an error body); a stream's in-band error counts as one."""
+    if not b.get("stream"):
+        r = await c.post(url + "/v1/chat/completions", json=b)
+        j = r.json()
+        if r.status_code != 200:
+            return r.status_code, j
+        return 200, {"texts": [ch["message"]["content"] for ch in j["choices"]],
+                     "reasons": [ch["finish_reason"] for ch in j["choices"]]}
+    texts, reasons, error, done = {}, {}, None, False
+    async with c.stream("POST", url + "/v1/chat/completions", json=b) as r:
+        if r.status_code != 200:
+            return r.status_code, json.loads(await r.aread())
+        async for line in r.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                ev = json.loads(line[6:])
+                if "error" in ev:
+                    error = ev
+                    continue
+                for ch in ev["choices"]:
+                    texts[ch["index"]] = texts.get(ch["index"], "") + (ch["delta"].get("content") or "")
+                    reasons[ch["index"]] = ch["finish_reason"] or reasons.get(ch["index"])
+    assert done, "a stream must end with data: [DONE]"
+    if error is not None:
+        return 200, error
+    return 200, {"texts": [texts[i] for i in sorted(texts)], "reasons": [reasons[i] for i in sorted(reasons)]}
+
+
+async def load(url: str, n: int, timeout: float, during=None) -> list:
+    """n concurrent requests; each result is (status, body, seconds) or ("exception", repr, seconds)."""
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=n)) as c:
+        async def one(i):
+            t = time.monotonic()
+            try:
+                status, got = await chat(c, url, body(i))
+            except Exception as e:  # noqa: BLE001 (asserted by the callers)
+                return "exception", repr(e), time.monotonic() - t
+            return status, got, time.monotonic() - t
+        tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
+        if during is not None:
+            await asyncio.get_running_loop().run_in_executor(None, during)
+        return await asyncio.gather(*tasks)
+
+
+def is_error_body(b) -> bool:
+    return isinstance(b, dict) and set(b) == {"error"} and set(b["error"]) == ERROR_FIELDS
+
+
+# ---------------------------------------------------------------------------------- the CLI
+@pytest.fixture(scope="module")
+def cli_server():
+    """`specfold serve --model tiny --replicas 2 --replica-cpus 1`, joining this process's cluster."""
+    address, url = ray_cluster(), serve_url()
+    port = url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--replicas", "2", "--replica-cpus", "1",
+           "--ray-address", address, "--port", port, "--max-new-tokens", "64", "--log-level", "warning"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def ready() -> bool:
+        return proc.poll() is not None or (_up(url) and len(running_replicas(url)) == 2)
+    try:
+        wait_until(ready, "the CLI's replicas", limit=240, every=0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/v1/models", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    """The single-process server (one engine, no Ray) with the CLI server's settings."""
+    from specfold import LLM
+    from specfold.engine.engine import Engine
+    from specfold.params import EngineConfig
+    from specfold.serve.app import ServeConfig, create_app
+    llm = LLM("tiny")
+    with LiveServer(create_app(llm, Engine(llm, EngineConfig()), ServeConfig(model_name="tiny", max_tokens=64))) as s:
+        yield s.url
+
+
+def test_cli_replicas_answer_like_the_single_process_server(cli_server, single_process):
+    before = {r["replica_id"]: r["requests_served"] for r in running_replicas(cli_server)}
+    got = asyncio.run(load(cli_server, 32, timeout=300))
+    want = asyncio.run(load(single_process, 32, timeout=300))
+    assert [g[0] for g in got] == [200] * 32, [g for g in got if g[0] != 200][:3]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g[1] == w[1], (i, body(i), g[1], w[1])
+    assert any(len(set(g[1]["texts"])) > 1 for g in got[::4])  # seeds seed+i: the n=2 choices differ somewhere
+    assert all("=" not in t for g in got[2::4] for t in g[1]["texts"])  # the stop string cut them
+
+    def served():
+        reps = running_replicas(cli_server)
+        return {r["replica_id"]: r["requests_served"] - before.get(r["replica_id"], 0) for r in reps}
+    wait_until(lambda: sum(served().values()) == 32, "the replicas' reports of 32 requests", limit=30)
+    assert len(served()) == 2 and all(n > 0 for n in served().values()), served()
+    h = health(cli_server)
+    assert h["status"] == "ok" and {r["torch_threads"] for r in h["replicas"]} == {1}
+    assert {r["num_cpus"] for r in h["replicas"]} == {1.0}
+
+
+def test_fault_killed_replica_fails_its_requests_and_is_replaced(cli_server):
+    import ray
+    reps = running_replicas(cli_server)
+    assert len(reps) == 2
+    killed = {}
+
+    def kill_a_busy_replica():
+        wait_until(lambda: any(r["running"] >= 2 for r in running_replicas(cli_server)), "a busy replica",
+                   limit=60, every=0.05)
+        victim = max(running_replicas(cli_server), key=lambda r: r["running"])
+        ray.kill(ray.get_actor(victim["actor_name"], namespace=victim["namespace"]), no_restart=True)
+        killed.update(victim)
+    results = asyncio.run(load(cli_server, 32, timeout=90, during=kill_a_busy_replica))
+    assert not [r for r in results if r[0] == "exception"]  # nobody waited past the timeout
+    ok = [r for r in results if r[0] == 200 and "texts" in r[1]]
+    failed = [r for r in results if r not in ok]
+    assert all(is_error_body(r[1]) for r in failed), failed[:3]
+    assert failed and {r[1]["error"]["code"] for r in failed} == {"replica_unavailable"}
+    assert len(ok) + len(failed) == 32 and ok  # the live replica kept answering
+    wait_until(lambda: len(running_replicas(cli_server)) == 2, "Serve to replace the killed replica", limit=180,
+               every=0.5)
+    states = {r["replica_id"]: r["state"] for r in health(cli_server)["replicas"]}
+    assert states[killed["replica_id"]] == "DEAD" and killed["replica_id"] not in {
+        r["replica_id"] for r in running_replicas(cli_server)}
+    again = asyncio.run(load(cli_server, 4, timeout=120))
+    assert [r[0] for r in again] == [200] * 4
+
+
+# ---------------------------------------------------------------------------------- the Python API
+@pytest.fixture(scope="module")
+def narrow():
+    """build_openai_app on 2 replicas of one slot and no queue, without stop tokens (requests run to
+    max_tokens): two long streams fill both replicas."""
+    from ray import serve
+
+    from specfold.ray import SpecfoldLLMConfig, build_openai_app
+    config = SpecfoldLLMConfig(model_source="tiny", num_replicas=2, engine_kwargs={"max_num_seqs": 1, "max_waiting": 0},
+                               llm_kwargs={"overrides": {"stop_token_ids": []}}, max_tokens=8,
+                               health_check_period_s=0.5)
+    url = serve_url() + "/narrow"
+    serve.run(build_openai_app(config), name="narrow", route_prefix="/narrow")
+    try:
+        wait_until(lambda: len(running_replicas(url)) == 2, "the narrow replicas", limit=180, every=0.5)
+        yield url
+    finally:
+        serve.delete("narrow")
+
+
+LONG = {"model": "tiny", "prompt": QUESTIONS[0], "max_tokens": 900, "stream": True}
+
+
+def counters(url: str, key: str) -> int:
+    return sum(r[key] for r in running_replicas(url))
+
+
+def test_every_replica_full_answers_429_and_closed_streams_abort(narrow):
+    aborted = counters(narrow, "aborted")
+    with httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120) as a, \
+            httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120) as b:
+        lines = [a.iter_lines(), b.iter_lines()]  # (keep the iterators: dropping one closes its stream)
+        assert a.status_code == b.status_code == 200 and all(next(x).startswith("data: ") for x in lines)
+        wait_until(lambda: sorted(r["running"] for r in running_replicas(narrow)) == [1, 1],
+                   "one long request on each replica", limit=30)
+        busy = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=60)
+        assert busy.status_code == 429 and busy.json()["error"]["code"] == "engine_full"
+        assert is_error_body(busy.json()) and busy.headers["retry-after"] == "1"
+    wait_until(lambda: counters(narrow, "aborted") == aborted + 2, "both closed streams to be aborted", limit=30)
+    wait_until(lambda: counters(narrow, "running") == 0, "the replicas to drain", limit=30)
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": QUESTIONS[1]}, timeout=60)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_non_stream_disconnect_aborts_on_the_replica(narrow):
+    aborted = counters(narrow, "aborted")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(narrow + "/v1/completions", json=dict(LONG, stream=False), timeout=httpx.Timeout(60, read=1.0))
+    wait_until(lambda: counters(narrow, "aborted") == aborted + 1, "the abandoned request to be aborted", limit=30)
+    wait_until(lambda: counters(narrow, "running") == 0, "the replicas to drain", limit=30)
+
+
+def test_errors_are_openai_bodies_through_the_ingress(narrow):
+    r = httpx.post(narrow + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user",
+                                                                                          "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found" and is_error_body(r.json())
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x", "delta": 0.1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "delta"
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": [999999]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
