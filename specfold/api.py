@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 from types import SimpleNamespace
-from importlib import resources
 from pathlib import Path
 import warnings
 from typing import Sequence
@@ -29,7 +28,7 @@ from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.engine.engine import Engine
 from specfold.errors import CheckpointError, ParamsError
-from specfold.models.loader import load_model
+from specfold.models.loader import load_model, tiny_path  # noqa: F401 (tiny_path: re-exported)
 from specfold.models.tokenizer import Tokenizer
 from specfold.outputs import RequestOutput
 from specfold.params import DecodeParams, EngineConfig, SamplingParams
@@ -40,15 +39,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
 Prompt = str | Sequence[int]
-
-
-def tiny_path() -> Path:
-    """Folder of the embedded tiny model inside the installed package."""
-    p = Path(str(resources.files("specfold.tiny") / "model"))
-    if not (p / "config.json").is_file():
-        raise CheckpointError(f"the embedded tiny model is missing from the installed package ({p}); "
-                              f"reinstall specfold or run `specfold train-tiny --out DIR`")
-    return p
 
 
 def _dtype(dtype: str | torch.dtype) -> torch.dtype:

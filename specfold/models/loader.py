@@ -9,10 +9,12 @@ and device.
 """
 from __future__ import annotations
 
+
 import json
 import os
 import re
 import warnings
+from importlib import resources
 from pathlib import Path
 
 import torch
@@ -176,3 +178,12 @@ def _names(files: list[Path]) -> list[str]:
         with safe_open(str(f), framework="pt", device="cpu") as sf:
             out.extend(sf.keys())
     return out
+
+
+def tiny_path() -> Path:
+    """Folder of the embedded tiny model inside the installed package."""
+    p = Path(str(resources.files("specfold.tiny") / "model"))
+    if not (p / "config.json").is_file():
+        raise CheckpointError(f"the embedded tiny model is missing from the installed package ({p}); "
+                              f"reinstall specfold or run `specfold train-tiny --out DIR`")
+    return p

@@ -291,3 +291,13 @@ def _validate(spec: ModelSpec) -> None:
     if spec.num_experts:
         from specfold.models.moe import check_routing
         check_routing(spec.num_experts, spec.experts_per_token, spec.expert_groups, spec.topk_groups)
+
+
+def fingerprint(spec: ModelSpec) -> str:
+    """What a default graph is matched on: the family and the shapes decoding depends on. A widened
+    checkpoint (`specfold widen`) computes its source's function, so it carries the source's."""
+    widened = spec.extra.get("widened_from", {}).get("fingerprint")
+    if widened:
+        return str(widened)
+    return (f"{spec.family}/{spec.model_type}:v{spec.vocab_size}:d{spec.hidden_size}:l{spec.num_layers}"
+            f":n{spec.block_size}:m{spec.mask_token_id}")

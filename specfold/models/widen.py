@@ -65,7 +65,7 @@ from safetensors.torch import save_file
 
 from specfold.errors import SpecfoldError
 from specfold.models.loader import read_config, weight_files
-from specfold.models.spec import ModelSpec, resolve_spec
+from specfold.models.spec import ModelSpec, resolve_spec, fingerprint
 
 
 class WidenError(SpecfoldError):
@@ -283,7 +283,6 @@ def _check_source(path: Path, config: dict, spec: ModelSpec, source: _Source) ->
 
 def _new_config(config: dict, spec: ModelSpec, src: Shape, dst: Shape, pl: Plan, dtype: torch.dtype,
                 source_name: str, seed: int) -> dict:
-    from specfold.decoding.drafts.spiffy import fingerprint
     cfg = dict(config)
     cfg.update(hidden_size=dst.hidden, intermediate_size=dst.intermediate, num_attention_heads=dst.heads,
                num_key_value_heads=dst.kv_heads, num_hidden_layers=dst.layers, head_dim=spec.head_dim,
@@ -316,7 +315,7 @@ def source_spec(source: str | Path) -> tuple[Path, dict, ModelSpec]:
     """(folder, config, spec) of a source checkpoint folder or "tiny"."""
     from specfold.models.tokenizer import Tokenizer
     if str(source) == "tiny":
-        from specfold.api import tiny_path
+        from specfold.models.loader import tiny_path
         path = tiny_path()
     else:
         path = Path(source)

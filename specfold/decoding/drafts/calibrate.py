@@ -17,11 +17,11 @@ root counts 0), so a frequent continuation of a frequent node wins over a rare s
 thus listed parents first and the first B of a graph form a graph. If fewer than B patterns occurred, the
 graph is completed with a FreeDave chain so it always has B nodes.
 
-`calibrate(llm, prompts, params, branches) -> DraftGraph`; `specfold calibrate` wraps it.
+`calibrate(llm, prompts, params, branches) -> DraftGraph`; `specfold calibrate` (calibrate_cli.py)
+wraps it, and tiny/graphs.py remakes the shipped graphs of the tiny model with it.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections import Counter
 from pathlib import Path
@@ -30,6 +30,7 @@ from typing import Sequence
 from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node, fill_order
 from specfold.decoding.plugins import BlockContext, DraftPolicy, Step
 from specfold.errors import ParamsError
+from specfold.models.spec import fingerprint
 from specfold.params import DecodeParams
 from specfold.text import read_text_lines
 
@@ -128,7 +129,6 @@ def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branch
               selection: str = "degree1", max_depth: int = MAX_DEPTH) -> DraftGraph:
     """Replay vanilla decoding of `prompts` (strings or token-id lists) with `params`' rule and return
     a draft graph of `branches` nodes, none deeper than `max_depth` (a graph of depth D at fixed B)."""
-    from specfold.decoding.drafts.spiffy import fingerprint
     if not 1 <= branches <= MAX_NODES:
         raise ParamsError(f"branches must be in [1, {MAX_NODES}], got {branches}")
     if not prompts:
@@ -167,69 +167,3 @@ def read_prompts(path: str | Path) -> list[str]:
         else:
             out.append(ln)
     return out
-
-
-def _cmd(a: argparse.Namespace) -> int:
-    from specfold.cli import llm_from_args, params_from_args
-    llm = llm_from_args(a)
-    params = params_from_args(a)
-    prompts = read_prompts(a.prompts)[: a.limit]
-    g = calibrate(llm, prompts, params, a.branches, a.selection, a.max_depth)
-    g.save(a.out)
-    m = g.meta
-    print(f"wrote {a.out}: {len(g)} nodes from {m['roots']} roots over {m['prompts']} prompts "
-          f"(rule {m['rule']}); estimated hit rates {[round(x, 3) for x in m['hit_rate_estimate']]}")
-    return 0
-
-
-def register(subparsers) -> None:
-    from specfold.cli import add_decode_args, add_model_args, positive_int
-    ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
-    add_model_args(ap)
-    add_decode_args(ap)
-    ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
-    ap.add_argument("--limit", type=positive_int, default=50, help="prompts used (default 50)")
-    ap.add_argument("--out", required=True, help="graph JSON to write")
-    ap.add_argument("--max-depth", type=positive_int, default=MAX_DEPTH,
-                    help=f"deepest node of the graph (default {MAX_DEPTH}): a graph of depth D at fixed branches")
-    ap.add_argument("--selection", choices=SELECTIONS, default="degree1",
-                    help="node choice: count + parent's count (Spiffy's degree-1 accumulation) or count alone")
-    ap.set_defaults(func=_cmd)
-
-
-def tiny_defaults(model: str = "tiny", n: int = 50, branches: int = 32, out_dir: str | Path | None = None) -> list[Path]:
-    """(Re)make the shipped default graphs of the tiny model: threshold, sub_block and static rules, calibrated
-    on `n` fresh problems of the model's task (the `choices` task when its held-out rows carry their
-    facts, else the arithmetic one; a stream disjoint from the held-out set) through the chat template.
-    `python -m specfold.decoding.drafts.calibrate [MODEL_DIR]`."""
-    import random
-
-    from specfold.api import LLM
-    from specfold.decoding.drafts.spiffy import GRAPHS
-    from specfold.tiny import choices as C
-    from specfold.tiny import data as D
-    llm = LLM(model, dtype="float32")
-    rng = random.Random("spiffy-calibration")
-    rows = D.load_jsonl(llm.path / "heldout.jsonl") if (llm.path / "heldout.jsonl").is_file() else []
-    held = {r["question"] for r in rows}
-    task, make = ("choices", C.make_problem) if rows and "facts" in rows[0] else ("arith", D.make_problem)
-    prompts: list[str] = []
-    while len(prompts) < n:
-        q = make(rng)["question"]
-        if q not in held:
-            prompts.append(q)
-    out_dir = Path(out_dir or GRAPHS)
-    written = []
-    for rule in ("threshold", "sub_block", "static"):
-        p = DecodeParams(rule=rule, threshold=0.9, tokens_per_step=1, chat_template=True, max_new_tokens=128)
-        g = calibrate(llm, prompts, p, branches)
-        g.meta["source"] = (f"tiny_defaults(n={n}): fresh {task}-task problems, chat template, threshold 0.9 / "
-                            f"static k=1")
-        written.append(g.save(out_dir / f"tiny_{rule}.json"))
-    return written
-
-
-if __name__ == "__main__":
-    import sys
-    for f in tiny_defaults(sys.argv[1] if len(sys.argv) > 1 else "tiny"):
-        print("wrote", f)

@@ -13,21 +13,11 @@ from pathlib import Path
 from specfold.decoding.drafts import summarize
 from specfold.decoding.drafts.graph import DraftGraph, GraphError, load_graph
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
-from specfold.models.spec import ModelSpec
+from specfold.models.spec import ModelSpec, fingerprint  # noqa: F401 (fingerprint: re-exported)
 from specfold.outputs import DecodeStats
 from specfold.params import EngineConfig
 
 GRAPHS = Path(__file__).resolve().parent / "graphs"
-
-
-def fingerprint(spec: ModelSpec) -> str:
-    """What a default graph is matched on: the family and the shapes decoding depends on. A widened
-    checkpoint (`specfold widen`) computes its source's function, so it carries the source's."""
-    widened = spec.extra.get("widened_from", {}).get("fingerprint")
-    if widened:
-        return str(widened)
-    return (f"{spec.family}/{spec.model_type}:v{spec.vocab_size}:d{spec.hidden_size}:l{spec.num_layers}"
-            f":n{spec.block_size}:m{spec.mask_token_id}")
 
 
 def default_graph(spec: ModelSpec, rule: str, branches: int, depth: int | None = None) -> DraftGraph:
