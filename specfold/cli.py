@@ -6,6 +6,7 @@ Invariants:
   is registered in full (its module imported); the others are listed by name and help.
 - Every user error ends in ONE line on stderr and exit status 2 (argparse errors, SpecfoldError,
   a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130, a closed stdout pipe quietly with 141,
+  SIGTERM quietly with 143 (interrupts.py: both unwind as exceptions, never inside a C extension's init),
   keeping whatever a resumable run already wrote. Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
@@ -15,9 +16,10 @@ import importlib
 import json
 import sys
 
+from specfold.interrupts import Terminated, handling_signals
 from specfold.params import CONFIDENCES, RULES
 
-EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 2, 130, 141
+EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 2, 130, 141, 143
 
 
 class Parser(argparse.ArgumentParser):
@@ -225,7 +227,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that plugin subcommand is registered in full (the others are
     listed by name, their modules not imported). `command=None` registers every one."""
     ap = Parser(prog="specfold", description="fast lossless decoding for diffusion LLMs",
-                epilog="exit status: 0 ok, 2 bad input (one line on stderr), 130 interrupted")
+                epilog="exit status: 0 ok, 2 bad input (one line on stderr), 130 interrupted, 143 terminated")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     g = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(g)
@@ -266,11 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     command = _command(argv)
     prog = f"specfold {command}" if command else "specfold"
     try:
-        extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
-        if extra is not None:
-            require(extra, prog)
-        a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
-        return a.func(a) or 0
+        with handling_signals():  # SIGINT/SIGTERM unwind as exceptions (interrupts.py)
+            extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
+            if extra is not None:
+                require(extra, prog)
+            a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
+            return a.func(a) or 0
     except MissingExtraError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -293,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Terminated:
+        print(("\n" if sys.stderr.isatty() else "") + "terminated", file=sys.stderr)
+        return EXIT_TERMINATED
 
 
 def lm_eval_main() -> int:

@@ -23,6 +23,16 @@ RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream")
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 
+MAX_SEED = 2**63  # seeds are in [0, MAX_SEED): the one rule of the API, the CLI and the server
+
+
+def seed_error(v) -> str | None:
+    """The one-line refusal of a seed that is not an integer in [0, 2**63) (None: `v` is a valid seed)."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEED:
+        return None
+    return f"seed must be an integer in [0, 2**63), got {v!r}"
+
+
 def _int(name: str, v, lo: int | None = None) -> None:
     if not isinstance(v, int) or isinstance(v, bool):
         raise ParamsError(f"{name} must be an integer, got {v!r}")
@@ -49,8 +59,8 @@ class SamplingParams:
         if not self.temperature >= 0:
             raise ParamsError(f"temperature must be >= 0, got {self.temperature}")
         self.temperature = float(self.temperature)
-        if self.seed is not None:
-            _int("seed", self.seed)
+        if self.seed is not None and seed_error(self.seed):
+            raise ParamsError(seed_error(self.seed))
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None:

@@ -20,9 +20,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from specfold.params import MAX_SEED, seed_error  # noqa: F401 (MAX_SEED: app.py's random seeds)
+
 MAX_N = 16  # choices per request (each one an engine request)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
-MAX_SEED = 2**63  # seeds are in [0, 2**63)
 
 # Fields OpenAI defines that this server does not implement: accepted only at these neutral values
 # (null is always accepted). Any other value is a 400 that names the field.
@@ -215,7 +216,9 @@ def parse_request(body, chat: bool) -> GenRequest:
     if get("temperature") is not None:
         req.temperature = _float("temperature", get("temperature"), 0.0, 2.0)
     if get("seed") is not None:
-        req.seed = _int("seed", get("seed"), 0, MAX_SEED)
+        if seed_error(get("seed")):
+            raise bad("seed", seed_error(get("seed")))
+        req.seed = get("seed")
     if get("stop") is not None:
         req.stop = _stop(get("stop"))
     req.stream = _bool("stream", get("stream", False))
