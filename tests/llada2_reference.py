@@ -93,7 +93,7 @@ def reference_decode(w: dict, cfg: dict, prompt: list[int], *, rule: str, max_ne
                      ) -> tuple[list[int], int]:
     """The official decode loop at temperature 0 with the cache-free forward. Returns (tokens after
     the prompt, cut before the first eos and at max_new_tokens; forwards run). `trace`, when given,
-    receives (block start, step, writes, edits) per step."""
+    receives one dict per step (block start, step, masked, frozen, prob, writes, edits, post)."""
     L = len(prompt)
     total = -(-(L + max_new_tokens) // block) * block  # the last block is decoded in full
     x = list(prompt) + [mask_id] * (total - L)
@@ -121,7 +121,8 @@ def reference_decode(w: dict, cfg: dict, prompt: list[int], *, rule: str, max_ne
             for i, t in st.writes:
                 x[start + i] = t
             if trace is not None:
-                trace.append((start, step, st.writes, st.edits))
+                trace.append(dict(start=start, step=step, masked=masked, frozen=frozen, prob=prob,
+                                  writes=st.writes, edits=st.edits, post=post))
             step += 1
             if st.done:
                 break
