@@ -33,7 +33,6 @@ from tests import llada2_checkpoint as C
 from tests.llada2_diffusers import diffusers_decode
 from tests.llada2_reference import reference_decode
 
-pytest.importorskip("diffusers")
 BLOCK = 8
 FLIP = 1e-6
 
