@@ -177,9 +177,9 @@ class Weak:
     def describe(self) -> str:
         parts = [f"namespaces {self.namespaces}" if self.prefix else "no namespaces",
                  f"uid {self.user}" if self.user is not None else f"uid {os.geteuid()}",
-                 f"Landlock ABI {self.landlock} (reads: interpreter and program; writes: its work folder)"
-                 if self.landlock else "no Landlock (the host filesystem is writable outside the Python guard)",
-                 "seccomp (no new processes)" if self.seccomp else "no seccomp (processes only capped by RLIMIT_NPROC)"]
+                 f"Landlock ABI {self.landlock} (reads only the interpreter and the program, writes only its work folder)"
+                 if self.landlock else "no Landlock (the host filesystem is readable, and writable outside the Python guard)",
+                 "seccomp (no new processes)" if self.seccomp else "no seccomp (processes capped only by RLIMIT_NPROC)"]
         return ", ".join(parts)
 
 
@@ -247,9 +247,9 @@ def backend() -> tuple[str, Weak | None]:
             f"code execution needs the OS sandbox, but {why}: install bubblewrap "
             "(apt-get install bubblewrap) or set SPECFOLD_SANDBOX=weak to accept weaker containment")
     weak = _weak_probe()
-    print(f"specfold: warning: {why}; SPECFOLD_SANDBOX=weak: scores can be forged and the host is exposed "
-          f"(the host filesystem stays mounted and readable by path; {weak.describe()}): "
-          "install bubblewrap for evaluations that count", file=sys.stderr)
+    print(f"specfold: warning: {why}; SPECFOLD_SANDBOX=weak runs code with {weak.describe()}: scores can be "
+          "forged (no mount namespace, and a program can reach its own process memory), so install bubblewrap "
+          "for evaluations that count", file=sys.stderr)
     return f"weak:{weak.namespaces}", weak
 
 
@@ -364,24 +364,59 @@ def _read_info(fd: int) -> bytes:
 
 
 # -- runs that must not outlive a SIGTERM of this process ------------------------------------------
-_LIVE: dict[str, tuple[int, str | None]] = {}  # run id -> (process group, weak run directory)
+_LIVE: dict[str, int] = {}  # run id -> its process group (the weak mode's directories are found by name)
+_STARTS = {"n": 0, "main": False, "pending": 0}  # Popens between fork and registration; a deferred signal
+_STARTS_LOCK = threading.Lock()
+
+
+def _terminate(signum: int) -> None:
+    for pgid in list(_LIVE.values()):
+        if pgid:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
+    for top in Path(tempfile.gettempdir()).glob(f"specfold-sandbox-{os.getpid()}-*"):  # also one just made
+        shutil.rmtree(top, ignore_errors=True)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of the signal, as without the handler (no traceback)
 
 
 def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
-    for pgid, top in list(_LIVE.values()):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-        if top:
-            shutil.rmtree(top, ignore_errors=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)  # die of the signal, as without the handler (no traceback)
+    """Kill every run's processes, remove the weak mode's directories, then die of the signal.
+    A run whose process is started but not yet registered is waited for (other threads), or
+    finishes registering first (the main thread, which this handler interrupted)."""
+    if _STARTS["main"]:
+        _STARTS["pending"] = signum
+        return
+    deadline = time.monotonic() + 2.0
+    while _STARTS["n"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    _terminate(signum)
 
 
 def _install_sigterm_cleanup() -> None:
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _start(run_id: str, cmd: list[str], **kw) -> subprocess.Popen:
+    """Popen, registered in _LIVE before a SIGTERM handler can miss it (see _on_sigterm)."""
+    main = threading.current_thread() is threading.main_thread()
+    with _STARTS_LOCK:
+        _STARTS["n"] += 1
+    _STARTS["main"] = _STARTS["main"] or main
+    try:
+        proc = subprocess.Popen(cmd, **kw)
+        _LIVE[run_id] = proc.pid
+        return proc
+    finally:
+        with _STARTS_LOCK:
+            _STARTS["n"] -= 1
+        if main:
+            _STARTS["main"] = False
+            if _STARTS["pending"]:
+                _terminate(_STARTS["pending"])
 
 
 def _nproc(uid: int, limits: Limits) -> int:
@@ -461,13 +496,12 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "SPECFOLD_RUN": run_id}
         channel.start()
         try:
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
+            proc = _start(run_id, cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                          start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
         finally:
             for fd in keep:
                 os.close(fd)
             keep.clear()
-        _LIVE[run_id] = (proc.pid, str(top) if top else None)
         try:
             rc = proc.wait(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
