@@ -14,15 +14,24 @@ equations: lhs - rhs of one must be a nonzero constant times lhs - rhs of the ot
 (`2x+3=y` = `y=2x+3`, `-y=2x+3` != `y=2x+3`); an equation against a bare value compares its
 right-hand side.
 
-Invariants: never raises on any input string; sympy work is bounded by an input-size cap and,
-in the main thread, a wall-clock alarm.
+Invariants: never raises on any input string; sympy work is bounded by an input-size cap and a
+wall-clock limit that holds in any thread: `is_equiv` settles equal (or empty) normalised strings itself
+and hands everything else to one long-lived worker process (`_Worker`), which is killed (and
+restarted on the next call) when it takes longer than SYMPY_SECONDS; a call that ran out of time
+is not equal. Inside the worker (its main thread) each sympy step also has its own alarm.
 """
 from __future__ import annotations
 
+import atexit
+import json
 import re
+import select
 import signal
+import subprocess
+import sys
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import sympy
@@ -305,14 +314,12 @@ def _strip_brackets(s: str) -> tuple[str, str, str]:
     return "", s, ""
 
 
-def is_equiv(pred: str | None, ref: str) -> bool:
-    """Whether a predicted final answer equals the reference (see module docstring)."""
-    if pred is None:
-        return False
+def _equiv_here(pred: str, ref: str) -> bool:
+    """is_equiv computed in this process (the worker's side; see module docstring)."""
     ma, mb = _matrix_cells(pred), _matrix_cells(ref)
     if ma is not None and mb is not None:
         return [len(r) for r in ma] == [len(r) for r in mb] and all(
-            is_equiv(x, y) for ra, rb in zip(ma, mb) for x, y in zip(ra, rb))
+            _equiv_here(x, y) for ra, rb in zip(ma, mb) for x, y in zip(ra, rb))
     ea, eb = _equation_sides(pred), _equation_sides(ref)
     if ea is not None and eb is not None:
         return _equations_equal(ea, eb)
@@ -328,3 +335,76 @@ def is_equiv(pred: str | None, ref: str) -> bool:
             return False
         return all(x == y or _sympy_equal(x, y) for x, y in zip(pa, pb))
     return _sympy_equal(a, b)
+
+
+class _Worker:
+    """A process that answers `[pred, ref]` JSON lines with `_equiv_here`'s verdict. One call at a
+    time; a call that outlives `seconds` kills it (the next call starts a new one; start-up,
+    which imports sympy, is not counted)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def _start(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])
+        code = f"import sys; sys.path.insert(0, {root!r}); from specfold.eval.math_equiv import _serve; _serve()"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        if self.proc.stdout.readline().strip() != "ready":
+            self.stop()
+            raise RuntimeError("math_equiv worker did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            for f in (self.proc.stdin, self.proc.stdout):
+                f.close()
+            self.proc = None
+
+    def call(self, pred: str, ref: str, seconds: float) -> bool:
+        with self.lock:
+            if self.proc is None or self.proc.poll() is not None:
+                self.stop()
+                self._start()
+            self.proc.stdin.write(json.dumps([pred, ref]) + "\n")
+            self.proc.stdin.flush()
+            if not select.select([self.proc.stdout], [], [], seconds)[0]:
+                self.stop()  # out of time (a huge power, a slow simplify): not equal
+                return False
+            line = self.proc.stdout.readline()
+            if not line:
+                self.stop()
+                return False
+            return json.loads(line) is True
+
+
+_WORKER = _Worker()
+atexit.register(_WORKER.stop)
+
+
+def _serve() -> None:
+    """The worker's loop (see _Worker)."""
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            pred, ref = json.loads(line)
+            ok = bool(_equiv_here(str(pred), str(ref)))
+        except Exception:  # noqa: BLE001 - the verdict for anything unexpected is "not equal"
+            ok = False
+        print(json.dumps(ok), flush=True)
+
+
+def is_equiv(pred: str | None, ref: str) -> bool:
+    """Whether a predicted final answer equals the reference (see module docstring)."""
+    if pred is None:
+        return False
+    if _matrix_cells(pred) is None and (_equation_sides(pred) is None or _equation_sides(ref) is None):
+        a, b = normalize(pred), normalize(ref)  # what _equiv_here decides without sympy
+        if a == b or not a or not b:
+            return a == b
+    try:
+        return _WORKER.call(pred, ref, SYMPY_SECONDS)
+    except (OSError, RuntimeError, ValueError):
+        return False

@@ -120,3 +120,30 @@ def test_every_math500_reference_equals_itself_respaced(data_dir):
     task = get_task("math500")
     bad = [s.id for s in task.load(str(data_dir)) if not is_equiv(s.reference["answer"].replace(" ", ""), s.reference["answer"])]
     assert bad == []
+
+
+@pytest.mark.parametrize("in_thread", [False, True])
+def test_time_limit_holds_in_any_thread(in_thread):
+    """`2^{999999999}` makes sympy compute a 125 MB integer in one C call (no signal interrupts
+    it): the limit must hold from the main thread and from any other (a server's, a pool's)."""
+    import threading
+    import time
+
+    from specfold.eval.math_equiv import SYMPY_SECONDS
+
+    assert is_equiv("2", "2.0")  # worker started (its start-up is not part of the limit)
+    out = {}
+
+    def run():
+        t0 = time.perf_counter()
+        out["equal"] = is_equiv(r"2^{999999999}", "7")
+        out["seconds"] = time.perf_counter() - t0
+
+    if in_thread:
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+    else:
+        run()
+    assert out["equal"] is False and out["seconds"] < SYMPY_SECONDS + 1.0, out
+    assert is_equiv(r"\frac{1}{2}", "0.5") and not is_equiv("3", "4")  # and the next call works again
