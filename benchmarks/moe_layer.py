@@ -9,7 +9,8 @@ Methods: `routed-loop` (models/moe.py: rows sorted by expert, one GEMM per non-e
 CPU default), `routed-grouped` (the same through torch's grouped GEMM), `dense-loop` (each of the
 256 experts on all rows, weighted by the routing weights, 0 where not routed) and `dense-batched`
 (the same as one batched matmul over all experts). All four give the same output (checked).
-Peak memory: the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) minus its RSS
+Times: wall and CPU seconds of the call (median over --repeats; on a shared machine the CPU
+seconds are the fairer figure). Peak memory: the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) minus its RSS
 before the call. Random weights make this a cost proxy: routing on trained weights is less
 uniform, which changes how many experts a batch touches, not the work per routed row.
 """
@@ -79,20 +80,22 @@ METHODS = {"routed-loop": routed("loop"), "routed-grouped": routed("grouped"),
            "dense-loop": dense_loop, "dense-batched": dense_batched}
 
 
-def measure(fn, m: MoE, x: torch.Tensor, repeats: int, warmup: bool) -> tuple[float, float, torch.Tensor]:
-    """(median seconds, peak MiB above the RSS before the call, output)."""
+def measure(fn, m: MoE, x: torch.Tensor, repeats: int, warmup: bool):
+    """(median wall seconds, median CPU seconds of this process, peak MiB above the RSS before
+    the call, output). CPU seconds are the fairer figure on a shared machine (one thread)."""
     out = fn(m, x) if warmup else None
-    times, peak = [], 0.0
+    times, cpu, peak = [], [], 0.0
     for _ in range(repeats):
         out = None
         gc.collect()
         before = _kib("VmRSS")
         open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn(m, x)
         times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
         peak = max(peak, (_kib("VmHWM") - before) / 1024)
-    return statistics.median(times), peak, out
+    return statistics.median(times), statistics.median(cpu), peak, out
 
 
 def main() -> None:
@@ -105,18 +108,19 @@ def main() -> None:
     torch.set_num_threads(1)
     m = build()
     print(f"weights resident: {sum(p.numel() for p in m.parameters()) * 4 / 2**30:.2f} GiB (float32)")
-    print("| rows | method | seconds | peak MiB | experts touched | max abs diff vs routed-loop |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| rows | method | wall s | CPU s | peak MiB | experts touched | max abs diff vs routed-loop |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     with torch.no_grad():
         for rows in a.rows:
             x = torch.randn(rows, D, generator=torch.Generator().manual_seed(rows))
             touched = int(torch.unique(m.route(x)[0]).numel())
             ref = None
             for name in a.methods:
-                secs, peak, out = measure(METHODS[name], m, x, a.repeats, not a.no_warmup)
+                secs, cpu, peak, out = measure(METHODS[name], m, x, a.repeats, not a.no_warmup)
                 ref = out if ref is None else ref
                 diff = (out - ref).abs().max().item()
-                print(f"| {rows} | {name} | {secs:.4f} | {peak:.0f} | {touched} | {diff:.1e} |", flush=True)
+                print(f"| {rows} | {name} | {secs:.2f} | {cpu:.2f} | {peak:.0f} | {touched} | {diff:.1e} |",
+                      flush=True)
                 assert diff <= 1e-3 * ref.abs().max().item(), (name, diff)
 
 
