@@ -250,6 +250,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             sub.add_parser(name, help=help_, add_help=False)  # listed only; never parsed in this process
             continue
         importlib.import_module(module).register(sub)
+        if name in ("serve", "eval", "bench"):  # specfold/ray adds --replicas/--ray and their path
+            from specfold.ray.cli import extend
+            extend(name, sub.choices[name])
     return ap
 
 

@@ -187,10 +187,12 @@ def test_fault_killed_replica_fails_its_requests_and_is_replaced(cli_server):
     assert all(is_error_body(r[1]) for r in failed), failed[:3]
     assert failed and {r[1]["error"]["code"] for r in failed} == {"replica_unavailable"}
     assert len(ok) + len(failed) == 32 and ok  # the live replica kept answering
+    def states() -> dict:
+        return {r["replica_id"]: r["state"] for r in health(cli_server)["replicas"]}
+    wait_until(lambda: states()[killed["replica_id"]] == "DEAD", "the killed replica to show as DEAD", limit=30)
     wait_until(lambda: len(running_replicas(cli_server)) == 2, "Serve to replace the killed replica", limit=180,
                every=0.5)
-    states = {r["replica_id"]: r["state"] for r in health(cli_server)["replicas"]}
-    assert states[killed["replica_id"]] == "DEAD" and killed["replica_id"] not in {
+    assert states()[killed["replica_id"]] == "DEAD" and killed["replica_id"] not in {
         r["replica_id"] for r in running_replicas(cli_server)}
     again = asyncio.run(load(cli_server, 4, timeout=120))
     assert [r[0] for r in again] == [200] * 4

@@ -144,8 +144,15 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-progress", action="store_true")
 
 
+def local_engines(a: argparse.Namespace):
+    """(llm, generate) of a run in this process: the flags' LLM, no `generate` (run_bench's own loop).
+    A room above may set another `engines` default on the parser (specfold/ray: `--ray`)."""
+    from specfold.cli import llm_from_args
+    return llm_from_args(a), None
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specfold.cli import llm_from_args, params_from_args
+    from specfold.cli import params_from_args
     from specfold.decoding.methods import method_names
     from specfold.errors import ParamsError
 
@@ -159,8 +166,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
     check_writable_dir(a.plot, "--plot")
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
-    from specfold.ray.cli import batch_backend, wants_batch
-    llm, generate = batch_backend(a, "specfold bench") if wants_batch(a) else (llm_from_args(a), None)
+    llm, generate = a.engines(a)
     if methods is None:
         methods = method_names(llm.spec)
         expand_runs(methods, params_from_args(a), sweeps)
@@ -221,7 +227,5 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",
                    help="e.g. delta=0,0.05,0.1,0.2 or branches=2..8 (repeatable: grid)")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
-    from specfold.ray.cli import add_batch_args
-    add_batch_args(p)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, engines=local_engines)
     return p

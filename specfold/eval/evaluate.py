@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from specfold.eval.bench import add_run_args, model_label, run_bench
+from specfold.eval.bench import add_run_args, local_engines, model_label, run_bench
 from specfold.eval.summary import summarize
 
 
@@ -28,7 +28,7 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from specfold.cli import llm_from_args, params_from_args
+    from specfold.cli import params_from_args
     from specfold.decoding.methods import get_method
     from specfold.eval.bench import check_writable_dir
     from specfold.eval.tasks import get_task
@@ -37,8 +37,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     get_method(params.method)  # unknown method: one line before the model is loaded
     tasks = [get_task(t) for t in a.tasks.split(",")]
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
-    from specfold.ray.cli import batch_backend, wants_batch
-    llm, generate = batch_backend(a, "specfold eval") if wants_batch(a) else (llm_from_args(a), None)
+    llm, generate = a.engines(a)
     records = run_bench(llm, tasks, [params.method], params, data=a.data, limit=a.limit,
                         out=a.out, model_name=model_label(a.model),
                         progress=not a.no_progress, warmup=a.warmup, label="eval", generate=generate)
@@ -56,7 +55,5 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_decode_args(p)
     add_run_args(p)
     p.add_argument("--out", default=None, help="per-sample records JSONL (rerunning with it resumes)")
-    from specfold.ray.cli import add_batch_args
-    add_batch_args(p)
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=cmd_eval, engines=local_engines)
     return p

@@ -6,13 +6,14 @@ Invariants:
   checkpoint on the driver before a cluster is started or joined.
 - `specfold serve` without any of --replicas, --min-replicas, --max-replicas, --ray-address is the
   single-process server; --replica-cpus/--replica-gpus without them are an error, not ignored.
-- The command owns what it creates: on exit (Ctrl-C, SIGTERM) it deletes its Serve application,
-  and shuts Serve and Ray down only if it started the cluster itself.
+- The command owns what it creates: on exit (Ctrl-C, SIGTERM: cli.py's handlers unwind it) it
+  deletes its Serve application, and shuts Serve and Ray down only if it started the cluster itself.
+- `extend(command, parser)` is the one hook: cli.py calls it after `serve`, `eval` and `bench`
+  registered their parsers; those rooms never import this one.
 """
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 
@@ -70,6 +71,18 @@ def add_batch_args(p: argparse.ArgumentParser) -> None:
     _resource_args(g)
 
 
+def extend(command: str, p: argparse.ArgumentParser) -> None:
+    """Add the Ray flags to `specfold serve|eval|bench` and route its Ray runs here."""
+    if command == "serve":
+        add_serve_args(p)
+        local = p.get_default("func")
+        p.set_defaults(func=lambda a: cmd_serve(a) if wants_serve(a) else local(a))
+        return
+    add_batch_args(p)
+    local = p.get_default("engines")  # run_bench's (llm, generate) in this process
+    p.set_defaults(engines=lambda a: batch_backend(a, f"specfold {command}") if wants_batch(a) else local(a))
+
+
 def wants_serve(a: argparse.Namespace) -> bool:
     """Whether `specfold serve` runs on Ray; refuses Ray-only flags given without a Ray path."""
     ray_mode = any(getattr(a, k) is not None for k in ("replicas", "min_replicas", "max_replicas", "ray_address"))
@@ -115,19 +128,17 @@ def serve_config(a: argparse.Namespace):
                              max_tokens=a.max_new_tokens, temperature=a.temperature)
 
 
-def _terminate(_signum, _frame):
-    raise KeyboardInterrupt
-
-
 def cmd_serve(a: argparse.Namespace) -> int:
     """`specfold serve --replicas N ...`: the OpenAI app over N engine replicas on Ray Serve."""
+    require("serve", "specfold serve")
     require("ray", "specfold serve --replicas")
+    if not 1 <= a.port <= 65535:
+        raise SpecfoldError(f"--port {a.port} is not a TCP port Ray Serve can listen on; accepted: 1-65535")
     from specfold.ray.cluster import check_fits, connect
     from specfold.ray.config import model_info
     config = serve_config(a)
     model_info(config.model_source, config.llm_kwargs["overrides"])  # a bad checkpoint: one line, now
     started = connect(a.ray_address)
-    signal.signal(signal.SIGTERM, _terminate)
     try:
         check_fits(config.bounds[0] or 1, config.num_cpus, config.num_gpus, strict=started)
         _deploy(config, a)

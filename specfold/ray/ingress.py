@@ -93,14 +93,21 @@ class ReplicaRegistry:
         return [e for e in self.entries.values() if e["state"] == "RUNNING"]
 
 
+async def check(registry: ReplicaRegistry, entry: dict, alive_state: str | None) -> None:
+    """Mark a replica DEAD when Ray no longer knows its actor, else `alive_state` (None: unchanged)."""
+    try:
+        await asyncio.to_thread(ray.get_actor, entry["actor_name"], namespace=entry["namespace"])
+    except ValueError:  # no live actor of that name
+        registry.mark(entry["replica_id"], "DEAD")
+        return
+    if alive_state is not None:
+        registry.mark(entry["replica_id"], alive_state)
+
+
 async def check_silent(registry: ReplicaRegistry) -> None:
-    """Mark silent replicas DEAD when Ray no longer knows their actor, else UNRESPONSIVE."""
+    """Silent replicas are DEAD (their actor is gone) or UNRESPONSIVE."""
     for e in registry.silent():
-        try:
-            await asyncio.to_thread(ray.get_actor, e["actor_name"], namespace=e["namespace"])
-            registry.mark(e["replica_id"], "UNRESPONSIVE")
-        except ValueError:  # no live actor of that name
-            registry.mark(e["replica_id"], "DEAD")
+        await check(registry, e, "UNRESPONSIVE")
 
 
 class RemoteGroup:
@@ -147,7 +154,10 @@ class RemoteGroup:
         except Exception as e:  # noqa: BLE001 (sorted below)
             self.closed = True
             cause = _cause(e)
-            raise (lost_error(cause) if _lost(cause) else cause) from None
+            if not _lost(cause):
+                raise cause from None
+            self.runner.suspect(self.replica)
+            raise lost_error(cause) from None
         if self.unfinished:
             raise RuntimeError(f"the replica's stream ended with {len(self.unfinished)} unfinished requests")
 
@@ -179,6 +189,12 @@ class RemoteRunner:
                 await check_silent(self.registry)
             except Exception:  # noqa: BLE001 (a GCS hiccup: look again next period)
                 log.exception("checking silent replicas failed")
+
+    def suspect(self, replica_id: str | None) -> None:
+        """A call to this replica failed as if it were gone: look now, not after three silent periods."""
+        entry = self.registry.entries.get(replica_id)
+        if entry is not None and entry["state"] != "DEAD":
+            asyncio.get_running_loop().create_task(check(self.registry, entry, None))
 
     def attempts(self) -> int:
         """Tries per group: enough for the router to reach every replica, plus one for a death."""

@@ -33,9 +33,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise SpecfoldError(f"--port {a.port} is not a TCP port; accepted: 0-65535 (0 = any free port)")
     require("serve", "specfold serve")  # also when cmd_serve is called without the CLI's check
-    from specfold.ray.cli import cmd_serve as cmd_serve_ray, wants_serve
-    if wants_serve(a):  # --replicas N ...: engine replicas on Ray Serve
-        return cmd_serve_ray(a)
     import uvicorn
 
     from specfold.cli import llm_from_args
@@ -64,6 +61,4 @@ def register(sub) -> None:
     g.add_argument("--max-waiting", type=int, default=256, help="requests queued beyond those; more get 429")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
-    from specfold.ray.cli import add_serve_args
-    add_serve_args(p)
     p.set_defaults(func=cmd_serve)
