@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from specfold.kernels import get_backend  # noqa: E402
 from specfold.kernels.fold_pack import PackPlan, Segment, packed_fold_layer  # noqa: E402
-from specfold.kernels.fold_torch import LayerWeights, dense_layer, fold_layer  # noqa: E402
+from specfold.kernels import LayerWeights, dense_layer, fold_layer  # noqa: E402
 
 WIDTHS = {
     "0.5b": dict(d=896, Hq=14, Hkv=2, D=64, F=4864),

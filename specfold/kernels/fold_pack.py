@@ -45,10 +45,9 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from specfold.kernels.fold_torch import (
-    GATE_EPS, LayerFoldStats, LayerWeights, check_parents, dense_attention, fused_qkv_rope, inherit_attention,
-    rms_norm,
-)
+from specfold.kernels.backends import get_backend
+from specfold.kernels.fold_common import GATE_EPS, LayerFoldStats, LayerWeights, check_parents, rms_norm, rotate_half
+from specfold.kernels.fold_torch import dense_attention, fused_qkv_rope, inherit_attention
 
 
 @dataclass(slots=True)
@@ -288,3 +287,61 @@ def fold_layer_one(
 
 
 __all__ = ["PackPlan", "RowSet", "Segment", "packed_fold_layer", "fold_layer_one"]
+
+
+# ----------------------------------------------------------------------------------------------
+# one forward: the per-layer entry points (the folded layer, and the dense reference)
+
+
+def fold_layer(
+    H: Tensor, par: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
+    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, delta: float, scale: float,
+    backend: str = "torch", ffn_gate: bool = True,
+) -> tuple[Tensor, LayerFoldStats]:
+    """One decoder layer with folded verification (one forward; ``fold_pack`` packs many).
+
+    H [B1, N, d], par [B1], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] bool
+    -> H_out [B1, N, d], LayerFoldStats.
+
+    FFN inheritance. A row folded at the QKV gate has its own (corrected) attention output, so its
+    FFN input H_mid differs from its source's whenever the branch's window K/V differ. With
+    ``ffn_gate=True`` (default) the gate is applied again to H_mid: a row inherits its FFN source's
+    output iff ||H_mid_i - H_mid_par|| <= delta ||H_mid_par|| (sources resolved again along the
+    chain), whatever the QKV gate said. This keeps delta = 0 exact (SPEC §6), and in a stack of
+    layers this decision is also the next layer's QKV gate (``fold_pack``: one sync per layer). With
+    ``ffn_gate=False`` folded rows inherit the FFN output of their QKV-gate source unconditionally
+    (the literal reading of SPEC §6; not exact at delta = 0).
+    """
+    return fold_layer_one(H, par, w, cos, sin, prefix_k, prefix_v, window_mask, delta, scale,
+                          get_backend(backend), ffn_gate)
+
+
+def dense_layer(
+    H: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
+    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, scale: float,
+) -> Tensor:
+    """Reference: every position of every branch computed, each branch over its own window K/V, with
+    the model's separate q/k/v and gate/up GEMMs (the cost of the dense verification forward).
+
+    H [B1, N, d], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] -> H_out [B1, N, d].
+    """
+    B1, N, d = H.shape
+    D = w.head_dim
+    x = rms_norm(H, w.input_norm_w, w.eps)                                       # [B1, N, d]
+
+    def proj(wt: Tensor, b: Tensor | None) -> Tensor:
+        y = x @ wt.t()
+        return (y if b is None else y + b).view(B1, N, -1, D)
+
+    q, k, v = proj(w.wq, w.bq), proj(w.wk, w.bk), proj(w.wv, w.bv)              # [B1, N, h, D]
+    if w.q_norm_w is not None:
+        q = rms_norm(q, w.q_norm_w, w.eps)
+    if w.k_norm_w is not None:
+        k = rms_norm(k, w.k_norm_w, w.eps)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    q = q * c + rotate_half(q) * s
+    k = k * c + rotate_half(k) * s
+    H_mid = H + dense_attention(q, k, v, prefix_k, prefix_v, window_mask, scale) @ w.wo.t()
+    xf = rms_norm(H_mid, w.post_norm_w, w.eps)
+    ffn = (torch.nn.functional.silu(xf @ w.w_gate.t()) * (xf @ w.w_up.t())) @ w.w_down.t()
+    return H_mid + ffn

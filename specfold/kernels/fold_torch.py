@@ -1,4 +1,4 @@
-"""Folded multi-branch verification (SpecFold, SPEC.md §6): PyTorch twins and layer composition.
+"""Folded multi-branch verification (SpecFold, SPEC.md §6): the PyTorch twins of the kernels.
 
 Setting. Verification forwards ``B1 = B + 1`` branches (branch 0 = root/main, 1..B = drafts) of one
 window of ``N`` positions against one shared prefix KV cache (``K_p, V_p: [Hkv, P, D]``, shared by all
@@ -37,197 +37,21 @@ Invariants.
   rounding (with the default ffn_gate=True) (the correction subtracts and re-adds terms, which is exact in exact arithmetic).
 
 ``o_proj`` and the residual adds are plain torch ops in both backends (dense GEMM on all rows).
-The layer composition over one or many forwards lives in ``fold_pack`` (``fold_layer`` here is its
-one-forward entry point); ``dense_attention`` / ``dense_layer`` are the plain dense computation.
+The data types and numerics both backends share are in ``fold_common``; the layer composition over
+one or many forwards (and its one-forward entry point ``fold_layer``, and the dense reference
+``dense_layer``) lives in ``fold_pack``; ``dense_attention`` here is the plain dense attention.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
 
 import torch
 from torch import Tensor
 
-# Guards only the 0/0 of an all-zero parent row: rho = ||diff|| / max(||parent||, GATE_EPS).
-# It never changes rho for a row whose norm exceeds 1e-30, and with delta = 0 a zero parent folds
-# exactly when the child is zero too (0 / eps = 0 <= 0), which is still exact.
-GATE_EPS = 1e-30
-
-
-@dataclass(slots=True)
-class LayerWeights:
-    """Tensors of one decoder layer (nn.Linear layout: weight [out, in]).
-
-    Shapes: wq [Hq*D, d], wk/wv [Hkv*D, d], wo [d, Hq*D], w_gate/w_up [F, d], w_down [d, F],
-    input_norm_w/post_norm_w [d], q_norm_w/k_norm_w [D] (per-head RMSNorm, Qwen3) or None.
-    ``eps`` is used for every RMSNorm of the layer.
-    """
-
-    input_norm_w: Tensor
-    eps: float
-    wq: Tensor
-    bq: Tensor | None
-    wk: Tensor
-    bk: Tensor | None
-    wv: Tensor
-    bv: Tensor | None
-    q_norm_w: Tensor | None
-    k_norm_w: Tensor | None
-    wo: Tensor
-    post_norm_w: Tensor
-    w_gate: Tensor
-    w_up: Tensor
-    w_down: Tensor
-    head_dim: int
-    _fused: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        d = self.input_norm_w.shape[0]
-        D = self.head_dim
-        for name in ("wq", "wk", "wv"):
-            w = getattr(self, name)
-            if w.shape[1] != d or w.shape[0] % D:
-                raise ValueError(f"{name} has shape {tuple(w.shape)}; expected [heads*{D}, {d}]")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} not a multiple of num_kv_heads {self.num_kv_heads}")
-        if self.wv.shape != self.wk.shape:
-            raise ValueError("wk and wv must have the same shape")
-        if tuple(self.wo.shape) != (d, self.wq.shape[0]):
-            raise ValueError(f"wo has shape {tuple(self.wo.shape)}; expected [{d}, {self.wq.shape[0]}]")
-
-    def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
-        """[wq; wk; wv] ([(Hq+2Hkv)*D, d]) and the matching bias (or None), built once and cached
-        (rebuilt if a weight tensor is replaced). Costs one extra copy of the q/k/v weights."""
-        src = (self.wq, self.wk, self.wv, self.bq, self.bk, self.bv)
-        hit = self._fused.get("qkv")
-        if hit is None or any(a is not b for a, b in zip(hit[0], src)):
-            with torch.no_grad():
-                hit = (src, torch.cat((self.wq, self.wk, self.wv)).detach(), self._qkv_bias())
-            self._fused["qkv"] = hit
-        return hit[1], hit[2]
-
-    def _qkv_bias(self) -> Tensor | None:
-        """[bq; bk; bv] (zeros for a missing one), or None when the layer has no q/k/v bias."""
-        pairs = ((self.wq, self.bq), (self.wk, self.bk), (self.wv, self.bv))
-        if all(b is None for _, b in pairs):
-            return None
-        with torch.no_grad():
-            return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs]).detach()
-
-    def share_fused(self, wqkv: Tensor, gate_up: Tensor) -> None:
-        """Adopt weights fused elsewhere: ``wqkv`` = [wq; wk; wv] and ``gate_up`` = [w_gate; w_up],
-        of which this layer's tensors are row views (load-time fusion: no second copy)."""
-        if not (wqkv.shape[0] == sum(t.shape[0] for t in (self.wq, self.wk, self.wv))
-                and gate_up.shape[0] == self.w_gate.shape[0] + self.w_up.shape[0]):
-            raise ValueError("share_fused: fused shapes do not match the layer's weights")
-        self._fused["qkv"] = ((self.wq, self.wk, self.wv, self.bq, self.bk, self.bv), wqkv, self._qkv_bias())
-        self._fused["gate_up"] = ((self.w_gate, self.w_up), gate_up)
-
-    def fused_gate_up(self) -> Tensor:
-        """[w_gate; w_up] ([2F, d]), built once and cached like ``fused_qkv``."""
-        src = (self.w_gate, self.w_up)
-        hit = self._fused.get("gate_up")
-        if hit is None or any(a is not b for a, b in zip(hit[0], src)):
-            with torch.no_grad():
-                hit = (src, torch.cat(src).detach())
-            self._fused["gate_up"] = hit
-        return hit[1]
-
-    @property
-    def num_heads(self) -> int:
-        return self.wq.shape[0] // self.head_dim
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.wk.shape[0] // self.head_dim
-
-    @classmethod
-    def from_layer(cls, layer: Any, head_dim: int) -> "LayerWeights":
-        """Build from a decoder layer with DESIGN.md names (input_norm, q_proj, ..., down_proj)."""
-
-        def bias(lin: Any) -> Tensor | None:
-            return getattr(lin, "bias", None)
-
-        def norm_w(norm: Any) -> Tensor | None:
-            return None if norm is None else norm.weight
-
-        return cls(
-            input_norm_w=layer.input_norm.weight, eps=float(layer.input_norm.eps),
-            wq=layer.q_proj.weight, bq=bias(layer.q_proj),
-            wk=layer.k_proj.weight, bk=bias(layer.k_proj),
-            wv=layer.v_proj.weight, bv=bias(layer.v_proj),
-            q_norm_w=norm_w(getattr(layer, "q_norm", None)), k_norm_w=norm_w(getattr(layer, "k_norm", None)),
-            wo=layer.o_proj.weight, post_norm_w=layer.post_norm.weight,
-            w_gate=layer.gate_proj.weight, w_up=layer.up_proj.weight, w_down=layer.down_proj.weight,
-            head_dim=head_dim,
-        )
-
-
-@dataclass(slots=True)
-class LayerFoldStats:
-    """Per-layer fold statistics (python ints; reading them syncs once per layer)."""
-
-    folded: int            # folded draft positions
-    draft_positions: int   # B * N
-    recomputed_rows: int   # packed rows that ran QKV (includes the N rows of branch 0)
-    ffn_folded: int        # draft positions that inherited their FFN output (post-attention gate)
-
-    @property
-    def fold_ratio(self) -> float | None:
-        """Folded / draft positions at the QKV gate (the SPEC's per-layer fold ratio); None when the
-        batch had no draft position (undefined, not 0)."""
-        return self.folded / self.draft_positions if self.draft_positions else None
-
-    @property
-    def ffn_fold_ratio(self) -> float | None:
-        return self.ffn_folded / self.draft_positions if self.draft_positions else None
-
-
-# ----------------------------------------------------------------------------------------------
-# small helpers shared by the twins and the dense reference
-
-
-def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:
-    """x [..., k] -> x * rsqrt(mean(x^2) + eps) * w, computed in x's dtype (float32 at least)."""
-    xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.to(y.dtype)).to(x.dtype)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    """HF rotate-half: [x1, x2] -> [-x2, x1] over the last dim."""
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [R, heads, D], cos/sin [R, D] (already gathered per row) -> x*cos + rotate_half(x)*sin."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
-
-
-def check_par(par: Tensor, num_branches: int) -> None:
-    """par [B1] long: par[0] == -1 and 0 <= par[i] < i for i >= 1."""
-    if par.shape != (num_branches,):
-        raise ValueError(f"par has shape {tuple(par.shape)}; expected ({num_branches},)")
-    check_parents(par.tolist(), num_branches)
-
-
-def check_parents(p: list[int], num_branches: int) -> None:
-    """The same check on a host list (no tensor read)."""
-    if len(p) != num_branches or p[0] != -1 or any(not 0 <= p[i] < i for i in range(1, num_branches)):
-        raise ValueError(f"par must have par[0] == -1 and 0 <= par[i] < i, got {p}")
-
-
-def _safe_max(m: Tensor) -> Tensor:
-    # reference point for exp(): -inf (no visible key) becomes 0 so exp(-inf - 0) = 0, never nan
-    return torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
-
-
-# ----------------------------------------------------------------------------------------------
-# the six pieces (PyTorch twins)
+from specfold.kernels.fold_common import (  # noqa: F401 (the shared types and numerics, re-exported)
+    GATE_EPS, LayerFoldStats, LayerWeights, _safe_max, apply_rope, check_par, check_parents, rms_norm, rotate_half,
+)
 
 
 def gate_compact(H: Tensor, par: Tensor, delta: float) -> tuple[Tensor, Tensor]:
@@ -502,70 +326,3 @@ def inherit_attention(
         O = O.add_(Op_w * a[..., None])
     out = O.div_(Z[..., None])
     return out.view(B1, Hkv, G, N, D).permute(0, 3, 1, 2, 4).reshape(B1 * N, Hq * D).to(dt)
-
-
-# ----------------------------------------------------------------------------------------------
-# composition
-
-
-def _pieces(backend: str) -> ModuleType:
-    if backend == "torch":
-        import sys
-        return sys.modules[__name__]
-    from specfold.kernels import get_backend
-    return get_backend(backend)
-
-
-def fold_layer(
-    H: Tensor, par: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
-    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, delta: float, scale: float,
-    backend: str = "torch", ffn_gate: bool = True,
-) -> tuple[Tensor, LayerFoldStats]:
-    """One decoder layer with folded verification (one forward; ``fold_pack`` packs many).
-
-    H [B1, N, d], par [B1], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] bool
-    -> H_out [B1, N, d], LayerFoldStats.
-
-    FFN inheritance. A row folded at the QKV gate has its own (corrected) attention output, so its
-    FFN input H_mid differs from its source's whenever the branch's window K/V differ. With
-    ``ffn_gate=True`` (default) the gate is applied again to H_mid: a row inherits its FFN source's
-    output iff ||H_mid_i - H_mid_par|| <= delta ||H_mid_par|| (sources resolved again along the
-    chain), whatever the QKV gate said. This keeps delta = 0 exact (SPEC §6), and in a stack of
-    layers this decision is also the next layer's QKV gate (``fold_pack``: one sync per layer). With
-    ``ffn_gate=False`` folded rows inherit the FFN output of their QKV-gate source unconditionally
-    (the literal reading of SPEC §6; not exact at delta = 0).
-    """
-    from specfold.kernels.fold_pack import fold_layer_one
-    return fold_layer_one(H, par, w, cos, sin, prefix_k, prefix_v, window_mask, delta, scale,
-                          _pieces(backend), ffn_gate)
-
-
-def dense_layer(
-    H: Tensor, w: LayerWeights, cos: Tensor, sin: Tensor,
-    prefix_k: Tensor, prefix_v: Tensor, window_mask: Tensor, scale: float,
-) -> Tensor:
-    """Reference: every position of every branch computed, each branch over its own window K/V, with
-    the model's separate q/k/v and gate/up GEMMs (the cost of the dense verification forward).
-
-    H [B1, N, d], cos/sin [N, D], prefix_k/v [Hkv, P, D], window_mask [N, N] -> H_out [B1, N, d].
-    """
-    B1, N, d = H.shape
-    D = w.head_dim
-    x = rms_norm(H, w.input_norm_w, w.eps)                                       # [B1, N, d]
-
-    def proj(wt: Tensor, b: Tensor | None) -> Tensor:
-        y = x @ wt.t()
-        return (y if b is None else y + b).view(B1, N, -1, D)
-
-    q, k, v = proj(w.wq, w.bq), proj(w.wk, w.bk), proj(w.wv, w.bv)              # [B1, N, h, D]
-    if w.q_norm_w is not None:
-        q = rms_norm(q, w.q_norm_w, w.eps)
-    if w.k_norm_w is not None:
-        k = rms_norm(k, w.k_norm_w, w.eps)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    q = q * c + rotate_half(q) * s
-    k = k * c + rotate_half(k) * s
-    H_mid = H + dense_attention(q, k, v, prefix_k, prefix_v, window_mask, scale) @ w.wo.t()
-    xf = rms_norm(H_mid, w.post_norm_w, w.eps)
-    ffn = (torch.nn.functional.silu(xf @ w.w_gate.t()) * (xf @ w.w_up.t())) @ w.w_down.t()
-    return H_mid + ffn

@@ -36,8 +36,7 @@ import math
 import torch
 from torch import Tensor
 
-from specfold.kernels import fold_torch
-from specfold.kernels.fold_torch import GATE_EPS, LayerFoldStats, LayerWeights, check_par
+from specfold.kernels.fold_common import GATE_EPS, LayerFoldStats, LayerWeights, check_par
 
 try:  # optional dependency: the module must import without triton
     import triton
@@ -52,7 +51,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 __all__ = [
     "HAS_TRITON", "DOT_PRECISION", "LayerWeights", "LayerFoldStats",
     "gate_compact", "compact_rows", "resolve_sources", "packed_norm_qkv_rope",
-    "streaming_attention", "folded_correction", "packed_ffn", "fold_layer", "dense_layer",
+    "streaming_attention", "folded_correction", "packed_ffn",
 ]
 
 DOT_PRECISION = "ieee"
@@ -490,12 +489,3 @@ def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
         act, w.w_down.contiguous(), out32, R, F, d,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, PREC=DOT_PRECISION)
     return out32.to(H.dtype)
-
-
-def fold_layer(*args, **kwargs) -> tuple[Tensor, LayerFoldStats]:
-    """``fold_torch.fold_layer`` with ``backend="triton"`` (o_proj and residual adds stay torch ops)."""
-    kwargs["backend"] = "triton"
-    return fold_torch.fold_layer(*args, **kwargs)
-
-
-dense_layer = fold_torch.dense_layer

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from fold_helpers import make_problem, make_weights, window_mask
+from specfold.kernels import fold_pack as fp
 from specfold.kernels import fold_torch as ft
 from specfold.kernels.fold_torch import LayerWeights
 
@@ -269,8 +270,8 @@ def attention_path(request, monkeypatch):
 @pytest.mark.parametrize("fold_prob", [0.0, 0.6, 1.0])
 def test_fold_layer_delta0_equals_dense(case, fold_prob, attention_path) -> None:
     p = make_problem(7, fold_prob=fold_prob, **case)
-    dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
-    out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.0, p.scale)
+    dense = fp.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+    out, stats = fp.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.0, p.scale)
     assert (out - dense).abs().max().item() <= 1e-10
     assert stats.draft_positions == (len(case["par"]) - 1) * case["N"]
     if fold_prob == 1.0:
@@ -282,8 +283,8 @@ def test_fold_layer_delta0_equals_dense(case, fold_prob, attention_path) -> None
 
 def test_fold_ratio_undefined_without_drafts() -> None:
     p = make_problem(2, [-1], N=5)
-    out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.1, p.scale)
-    dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+    out, stats = fp.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.1, p.scale)
+    dense = fp.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
     assert (out - dense).abs().max().item() <= 1e-10
     assert stats.draft_positions == 0 and stats.fold_ratio is None and stats.ffn_fold_ratio is None
 
@@ -321,8 +322,8 @@ def test_fused_weights_follow_replaced_tensors() -> None:
 def test_fold_layer_without_ffn_gate_is_inexact_at_delta0(case, attention_path) -> None:
     """Inheriting the FFN output with the QKV-gate decision alone is not exact (hence ffn_gate)."""
     p = make_problem(7, fold_prob=0.6, **case)
-    dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
-    out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.0, p.scale, ffn_gate=False)
+    dense = fp.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+    out, stats = fp.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, 0.0, p.scale, ffn_gate=False)
     assert stats.ffn_folded == stats.folded > 0
     assert (out - reference_folded_layer(p, 0.0, ffn_gate=False)).abs().max().item() <= 1e-10
     assert (out - dense).abs().max().item() > 1e-6
@@ -332,8 +333,8 @@ def test_fold_layer_without_ffn_gate_is_inexact_at_delta0(case, attention_path) 
 @pytest.mark.parametrize("delta", [0.05, 0.2])
 def test_fold_layer_delta_positive(case, delta, attention_path) -> None:
     p = make_problem(11, fold_prob=0.7, tiny=0.1, **case)
-    dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
-    out, stats = ft.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, delta, p.scale)
+    dense = fp.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+    out, stats = fp.fold_layer(p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, delta, p.scale)
     rec, rho = ft.gate_compact(p.H, p.par, delta)
     assert stats.folded == int((~rec).sum())
     # the folding semantics exactly
@@ -389,7 +390,7 @@ def test_stacked_layers_carry_the_post_attention_gate(delta, mask_kind, tiny, at
     if delta == 0.0:
         dense = p.H
         for w, pk, pv in layers:
-            dense = ft.dense_layer(dense, w, p.cos, p.sin, pk, pv, p.mask, p.scale)
+            dense = fp.dense_layer(dense, w, p.cos, p.sin, pk, pv, p.mask, p.scale)
         assert (out - dense).abs().max().item() <= 1e-10
 
 

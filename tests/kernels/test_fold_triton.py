@@ -15,6 +15,7 @@ import torch
 triton = pytest.importorskip("triton")
 
 from fold_helpers import make_problem  # noqa: E402
+from specfold.kernels import fold_pack as fp
 from specfold.kernels import fold_torch as ft  # noqa: E402
 from specfold.kernels import fold_triton as fx  # noqa: E402
 from specfold.kernels import get_backend  # noqa: E402
@@ -111,12 +112,12 @@ def test_packed_ffn(ffn: int) -> None:
 def test_fold_layer_triton_equals_torch(delta: float) -> None:
     p = _problem(4, N=5, fold_prob=0.6, tiny=0.03 if delta else 0.0, qk_norm=True)
     args = (p.H, p.par, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, delta, p.scale)
-    out_t, st_t = ft.fold_layer(*args)
-    out_x, st_x = ft.fold_layer(*args, backend="triton")
+    out_t, st_t = fp.fold_layer(*args)
+    out_x, st_x = fp.fold_layer(*args, backend="triton")
     torch.testing.assert_close(out_x, out_t, **TOL)
     assert st_x == st_t
     if delta == 0.0:
-        dense = ft.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
+        dense = fp.dense_layer(p.H, p.w, p.cos, p.sin, p.prefix_k, p.prefix_v, p.mask, p.scale)
         torch.testing.assert_close(out_x, dense, **TOL)
     assert math.isfinite(st_x.fold_ratio)
 
