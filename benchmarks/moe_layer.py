@@ -2,8 +2,8 @@
 one shared expert), random float32 weights: specfold's routed experts against a dense evaluation
 of every expert on every row. Time and peak memory above the resident weights, per row count.
 
-    taskset -c 1 .venv/bin/python benchmarks/moe_layer.py [--rows 32 128 512] [--repeats 3]
-        [--methods routed-loop ...] [--no-warmup]
+    MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python \
+        benchmarks/moe_layer.py [--rows 32 128 512] [--repeats 3] [--methods routed-loop ...] [--no-warmup]
 
 Methods: `routed-loop` (models/moe.py: rows sorted by expert, one GEMM per non-empty expert; the
 CPU default), `routed-grouped` (the same through torch's grouped GEMM), `dense-loop` (each of the
@@ -11,7 +11,8 @@ CPU default), `routed-grouped` (the same through torch's grouped GEMM), `dense-l
 (the same as one batched matmul over all experts). All four give the same output (checked).
 Times: wall and CPU seconds of the call (median over --repeats; on a shared machine the CPU
 seconds are the fairer figure). Peak memory: the process's peak RSS (VmHWM, reset through /proc/self/clear_refs) minus its RSS
-before the call. Random weights make this a cost proxy: routing on trained weights is less
+before the call (the fixed mmap threshold makes glibc return every large freed block, so an
+earlier call's memory cannot hide this one's peak). Random weights make this a cost proxy: routing on trained weights is less
 uniform, which changes how many experts a batch touches, not the work per routed row.
 """
 from __future__ import annotations

@@ -131,3 +131,62 @@ def reference_decode(w: dict, cfg: dict, prompt: list[int], *, rule: str, max_ne
             break
     out = x[L: L + max_new_tokens]
     return (out[: out.index(eos_id)] if eos_id in out else out), nfe
+
+
+def cached_decode(model, prompt: list[int], *, rule: str, max_new_tokens: int, mask_id: int, eos_id: int,
+                  block: int = 32, steps: int = 32, threshold: float = 0.95, edit_threshold: float = 0.0,
+                  max_post_steps: int = 16) -> tuple[list[int], dict]:
+    """The same decode on specfold's model with a prefix cache, as the engine must run it: the cache
+    holds whole blocks only (prefill = the prompt's whole blocks; the prompt's partial block is the
+    first active window, its prompt positions frozen); each step forwards the current block alone
+    against the cache; a finished block's K/V are written by one commit forward, except after a
+    LLaDA2.1 post step that changed nothing, whose forward already ran on the final state (its K/V
+    come from the hidden states it returned, `write_kv`). Returns (tokens, forward counts)."""
+    L = len(prompt)
+    total = -(-(L + max_new_tokens) // block) * block
+    x = list(prompt) + [mask_id] * (total - L)
+    steps = R.steps_for(steps, max_new_tokens)
+    counts = dict(prefill=0, steps=0, commits=0, reused=0)
+    cache = model.new_cache()
+    first = (L // block) * block
+    if first:
+        pos = torch.arange(first)
+        blk = pos // block
+        model(torch.tensor([prompt[:first]]), pos, cache=cache, mask=blk[:, None] >= blk[None, :], write_cache=True)
+        counts["prefill"] += 1
+    for start in range(first, total, block):
+        frozen = [start + i < L for i in range(block)]
+        pos = torch.arange(start, start + block)
+        step, post, written = 0, 0, False
+        while True:
+            cur = x[start: start + block]
+            masked = [t == mask_id for t in cur]
+            if rule == "llada2" and (not any(masked) or step >= steps):
+                break
+            if rule == "llada2_edit":
+                if not R.edit_wants_forward(any(masked), post, max_post_steps):
+                    break
+                post += not any(masked)
+            logits, hidden = model(torch.tensor([cur]), pos, cache=cache, return_hidden=True)
+            counts["steps"] += 1
+            top, prob = read_block(logits[0], mask_id)
+            if rule == "llada2":
+                st = R.llada2_step(masked, top, prob, step, steps, threshold)
+            else:
+                st = R.llada2_edit_step(cur, masked, frozen, top, prob, threshold, edit_threshold)
+            for i, t in st.writes:
+                x[start + i] = t
+            step += 1
+            if st.done:
+                if not st.writes:  # this forward saw the final state: its K/V are the commit's
+                    model.write_kv(cache, [h[0] for h in hidden[:-1]], pos)
+                    counts["reused"] += 1
+                    written = True
+                break
+        if not written:
+            model(torch.tensor([x[start: start + block]]), pos, cache=cache, write_cache=True)
+            counts["commits"] += 1
+        if R.settled_stop(x[L: start + block], mask_id, [eos_id]) is not None:
+            break
+    out = x[L: L + max_new_tokens]
+    return (out[: out.index(eos_id)] if eos_id in out else out), counts

@@ -140,3 +140,20 @@ def test_checkpoint_errors_name_what_is_wrong(ckpt, tmp_path):
     C.write(tmp_path / "bad", cfg, bad)
     with pytest.raises(CheckpointError, match="query_key_value|up_proj"):
         load_model(tmp_path / "bad", torch.float64, "cpu", overrides=C.overrides(cfg))
+
+
+def test_checkpoint_without_expert_bias(tmp_path):
+    """`moe_router_enable_expert_bias: false`: no bias tensors, selection on the plain scores."""
+    cfg = C.config(moe_router_enable_expert_bias=False)
+    w = C.random_weights(cfg, seed=1)
+    w = {k: v for k, v in w.items() if not k.endswith("expert_bias")}
+    C.write(tmp_path / "nobias", cfg, w)
+    model, spec, _ = load_model(tmp_path / "nobias", torch.float64, "cpu", overrides=C.overrides(cfg))
+    assert not spec.router_bias and model.layers[1].moe.expert_bias is None
+    ref_w = {k: v.double() for k, v in w.items()}
+    for i in range(cfg["first_k_dense_replace"], cfg["num_hidden_layers"]):
+        ref_w[f"model.layers.{i}.mlp.gate.expert_bias"] = torch.zeros(cfg["num_experts"], dtype=torch.float64)
+    toks, pos = _tokens(17, 8), torch.arange(17)
+    ref, margin = reference_logits(ref_w, cfg, toks, BLOCK)
+    assert margin > MARGIN
+    assert (model(torch.tensor([toks]), pos, mask=_block_causal(pos))[0] - ref).abs().max().item() <= TOL
