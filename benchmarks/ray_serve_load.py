@@ -1,0 +1,114 @@
+"""Ray Serve replicas under load: throughput at C concurrent clients, N replicas x 1 thread each.
+
+    PYTHONPATH=$PWD python benchmarks/ray_serve_load.py --replicas 1,2 --concurrency 16 \
+        --requests 96 --max-tokens 64 [--repeats 2] [--plain] [--json out.json]
+
+For each replica count, `specfold serve --model tiny --replicas N --replica-cpus 1` of this tree runs
+as a subprocess on a free port (it starts its own local Ray cluster and stops it on exit); after a
+warm-up, C clients send chat requests (held-out questions of the tiny model, greedy) one after
+another, `--requests` in all, with serve_load.py's client. `--repeats` alternates the counts
+(1, 2, 1, 2, ...) so that drift in the machine's load hits each alike. `--plain` adds the
+single-process server (`specfold serve` without Ray, one thread) as a reference row. Clients, the
+Serve proxy, the ingress and the replicas share the machine's cores. Prints one markdown row per run
+and, per count, the best run's throughput relative to the best 1-replica run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serve_load import CLI, free_port, load, row  # noqa: E402
+
+
+def start(port: int, max_tokens: int, replicas: int | None) -> subprocess.Popen:
+    """`specfold serve --model tiny` (with `--replicas`: on Ray); returns once every replica answers."""
+    import httpx
+    extra = ["--replicas", str(replicas), "--replica-cpus", "1"] if replicas else ["--threads", "1"]
+    cmd = [sys.executable, "-c", CLI, "serve", "--model", "tiny", "--port", str(port), "--max-new-tokens",
+           str(max_tokens), "--log-level", "warning", *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    url = f"http://127.0.0.1:{port}"
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            h = httpx.get(url + "/health", timeout=2)
+            reps = [r for r in h.json().get("replicas", []) if r["state"] == "RUNNING"]
+            if h.status_code == 200 and (replicas is None or len(reps) == replicas):
+                return proc
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    stop(proc)
+    raise RuntimeError(f"server did not start: {' '.join(cmd)}\n{proc.stderr.read()[-2000:] if proc.stderr else ''}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Ctrl-C: the CLI deletes its app and shuts down the cluster it started."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+
+
+def measure(replicas: int | None, questions: list[str], a: argparse.Namespace) -> dict:
+    port = free_port()
+    proc = start(port, a.max_tokens, replicas)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(load(url, questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
+        r = asyncio.run(load(url, questions, a.concurrency, a.requests, a.max_tokens))
+        if replicas:
+            import httpx
+            r["served"] = sorted(x["requests_served"] for x in httpx.get(url + "/health").json()["replicas"])
+    finally:
+        stop(proc)
+    return r
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--replicas", default="1,2")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--plain", action="store_true", help="also the single-process server (no Ray)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    lines = (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()[:32]
+    questions = [json.loads(x)["question"] for x in lines]
+    counts = [int(x) for x in a.replicas.split(",")]
+    runs: list[tuple[str, int | None]] = [("single process (no Ray)", None)] if a.plain else []
+    runs += [(f"ray serve, {n} replica(s) x 1 thread", n) for n in counts]
+    rows = []
+    print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for _ in range(a.repeats):
+        for name, n in runs:
+            r = measure(n, questions, a)
+            rows.append(dict(r, server=name, replicas=n))
+            print(row(name, r) + (f" served per replica {r['served']}" if n else ""), flush=True)
+    best = {n: max(r["req_per_s"] for r in rows if r["replicas"] == n) for _, n in runs}
+    if 1 in best:
+        for n in counts:
+            print(f"{n} replica(s): best {best[n]:.2f} req/s = {best[n] / best[1]:.2f}x one replica")
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
