@@ -9,7 +9,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev,eval,serve,triton]"
+	$(BIN)/pip install -q -e ".[dev,eval,serve,triton,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

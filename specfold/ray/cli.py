@@ -52,7 +52,7 @@ def _resource_args(g) -> None:
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    from specfold.cli import nonnegative_int, positive_int
+    from specfold.args import nonnegative_int, positive_int
     g = p.add_argument_group("ray serve (needs the 'ray' extra)")
     g.add_argument("--replicas", type=positive_int, default=None,
                    help="engine replicas as a Ray Serve deployment (default: one engine in this process, no Ray)")
@@ -62,7 +62,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_batch_args(p: argparse.ArgumentParser) -> None:
-    from specfold.cli import positive_int
+    from specfold.args import positive_int
     g = p.add_argument_group("ray data (needs the 'ray' extra)")
     g.add_argument("--ray", action="store_true", help="decode on Ray Data actors, one engine per actor")
     g.add_argument("--replicas", type=positive_int, default=None, help="with --ray: engine actors (default 1)")
@@ -109,7 +109,7 @@ def _no_resources(a: argparse.Namespace, what: str) -> None:
 
 
 def _engine_spec_kwargs(a: argparse.Namespace) -> dict:
-    from specfold.cli import overrides_from_args
+    from specfold.args import overrides_from_args
     overrides = overrides_from_args(a) or None
     return {"model_source": str(a.model), "torch_threads": a.threads,
             "llm_kwargs": {"dtype": a.dtype, "device": a.device, "overrides": overrides},
@@ -119,7 +119,7 @@ def _engine_spec_kwargs(a: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------- serve
 def serve_config(a: argparse.Namespace):
     """The SpecfoldLLMConfig of `specfold serve`'s flags."""
-    from specfold.cli import engine_config_from_args, params_from_args
+    from specfold.args import engine_config_from_args, params_from_args
     from specfold.ray.config import SpecfoldLLMConfig
     engine = engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting)
     return SpecfoldLLMConfig(**_engine_spec_kwargs(a), engine_config=engine,
@@ -151,13 +151,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def _deploy(config, a: argparse.Namespace) -> None:
+    import logging
+
     from ray import serve
 
     from specfold.ray.ingress import build_openai_app
-    serve.start(http_options={"host": a.host, "port": a.port})
+    level = a.log_level.upper()
+    logging.getLogger("ray.serve").setLevel(level)  # this process's Serve client messages
+    serve.start(http_options={"host": a.host, "port": a.port}, logging_config={"log_level": level})
     try:
-        serve.run(build_openai_app(config), name=APP_NAME, route_prefix="/",
-                  logging_config={"log_level": a.log_level.upper()})
+        serve.run(build_openai_app(config), name=APP_NAME, route_prefix="/", logging_config={"log_level": level})
     except RuntimeError as e:  # a replica failed to start (its error is in the replica's log)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SpecfoldError(f"the Ray Serve application did not start: {first}") from None
