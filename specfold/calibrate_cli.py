@@ -8,7 +8,7 @@ from specfold.decoding.drafts.calibrate import MAX_DEPTH, SELECTIONS, calibrate,
 
 
 def _cmd(a: argparse.Namespace) -> int:
-    from specfold.cli import llm_from_args, params_from_args
+    from specfold.args import llm_from_args, params_from_args
     llm = llm_from_args(a)
     params = params_from_args(a)
     prompts = read_prompts(a.prompts)[: a.limit]
@@ -21,7 +21,7 @@ def _cmd(a: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    from specfold.cli import add_decode_args, add_model_args, positive_int
+    from specfold.args import add_decode_args, add_model_args, positive_int
     ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
     add_model_args(ap)
     add_decode_args(ap)

@@ -17,7 +17,11 @@ import json
 import sys
 
 from specfold.interrupts import Terminated, handling_signals
-from specfold.params import CONFIDENCES, RULES
+from specfold.args import (  # noqa: F401 (re-exported for callers of the older location)
+    add_decode_args, add_engine_args, add_model_args, engine_config_from_args, llm_from_args, nonnegative_int,
+    overrides_from_args, params_from_args, positive_int, stats_line,
+)
+from specfold.params import RULES
 
 EXIT_USAGE, EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 2, 130, 141, 143
 
@@ -27,118 +31,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def _int_at_least(text: str, lo: int, what: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if v < lo:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
-    return v
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def nonnegative_int(text: str) -> int:
-    return _int_at_least(text, 0, "an integer >= 0")
-
-
-def add_model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--model", default="tiny", help="local HuggingFace checkpoint folder, or 'tiny'")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
-                    help="model spec override, e.g. mask_token_id=151665 (repeatable)")
-    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
-
-
-def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    from specfold.decoding.methods import BUILTIN
-    g = ap.add_argument_group("decoding")
-    g.add_argument("--method", default="vanilla", help=f"one of {', '.join(BUILTIN)}")
-    g.add_argument("--rule", choices=RULES, default=None, help="unmask rule (default: the family's)")
-    g.add_argument("--block-size", type=int)
-    g.add_argument("--sub-block-size", type=int)
-    g.add_argument("--tokens-per-step", type=int, help="k of the static/dynamic rules")
-    g.add_argument("--threshold", type=float)
-    g.add_argument("--confidence", choices=CONFIDENCES)
-    g.add_argument("--steps", type=int, help="llada: steps per block; dream: total steps")
-    g.add_argument("--max-new-tokens", type=positive_int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--no-chat-template", action="store_true", help="send the prompt text as is")
-    g.add_argument("--no-early-stop", action="store_true")
-    g.add_argument("--draft-depth", type=int, default=8, help="FreeDave chain depth")
-    g.add_argument("--eager", action="store_true", help="FreeDave drafts may reach into the next block")
-    g.add_argument("--branches", type=int, default=7, help="Spiffy/SpecFold draft branches")
-    g.add_argument("--graph", default=None, help="Spiffy draft graph JSON")
-    g.add_argument("--graph-depth", type=positive_int, default=None,
-                   help="Spiffy/SpecFold: use only the graph's nodes at most this deep (default: all)")
-    g.add_argument("--delta", type=float, default=0.05, help="SpecFold fold threshold (default 0.05: the sweep in BENCHMARKS.md)")
-    g.add_argument("--drafts", default="spiffy", choices=["spiffy", "freedave"], help="SpecFold draft policy")
-    g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Scheduler settings of the engine (`EngineConfig`), shared by `generate` and `serve`."""
-    g = p.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests decoded at once")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
-                   help="token rows of one engine step (at least one forward always runs)")
-    g.add_argument("--adaptive-drafts", action="store_true",
-                   help="draft branches per verification shrink as more requests run (tokens never change)")
-    g.add_argument("--draft-rows", type=nonnegative_int, default=256,
-                   help="with --adaptive-drafts: the token rows drafts may use per step")
-
-
-def engine_config_from_args(a: argparse.Namespace, params):
-    """The EngineConfig of `params` with the scheduler flags of `add_engine_args`."""
-    config, _ = params.split()
-    return config.replace(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                          adaptive_drafts=a.adaptive_drafts, draft_rows=a.draft_rows)
-
-
-def params_from_args(a: argparse.Namespace):
-    from specfold.params import DecodeParams
-    return DecodeParams(
-        method=a.method, rule=a.rule, block_size=a.block_size, sub_block_size=a.sub_block_size,
-        tokens_per_step=a.tokens_per_step, threshold=a.threshold, confidence=a.confidence, steps=a.steps,
-        max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
-        chat_template=not a.no_chat_template, early_stop=not a.no_early_stop, draft_depth=a.draft_depth,
-        eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend)
-
-
-def overrides_from_args(a: argparse.Namespace) -> dict:
-    """The model spec overrides of `--override KEY=JSON` (a value that is not JSON is a string)."""
-    overrides = {}
-    for item in a.override:
-        key, _, val = item.partition("=")
-        try:
-            overrides[key] = json.loads(val)
-        except json.JSONDecodeError:
-            overrides[key] = val
-    return overrides
-
-
-def llm_from_args(a: argparse.Namespace):
-    import torch
-
-    from specfold.api import LLM
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    return LLM(a.model, dtype=a.dtype, device=a.device, overrides=overrides_from_args(a) or None)
-
-
-def stats_line(st) -> str:
-    line = (f"[{st.tokens} tokens, {st.nfe} forwards, {st.tokens_per_forward:.2f} tokens/forward, "
-            f"{st.seconds:.2f} s, {st.tokens_per_second:.1f} tokens/s")
-    if st.extra.get("fold_ratio") is not None:  # None: no draft position was verified
-        line += f", fold ratio {st.extra['fold_ratio']:.2f}"
-    return line + "]"
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

@@ -103,10 +103,10 @@ def test_rule_dream_refused_on_a_block_causal_family(capsys):
     from specfold import LLM, DecodeParams
     from specfold.errors import ParamsError
     llm = LLM("tiny")
-    with pytest.raises(ParamsError, match=r"rule 'dream' .* bidirectional models \(dream, llada\), not "):
+    with pytest.raises(ParamsError, match=r"rule 'dream' .* bidirectional models \(Dream, LLaDA\), not "):
         llm.generate(["Tom has 3 apples."], DecodeParams(rule="dream", max_new_tokens=8))
     rc, err = run(capsys, "generate", "--prompt", "hi", "--rule", "dream")
-    assert rc == 2 and "rule 'dream'" in err and "dream, llada" in err
+    assert rc == 2 and "rule 'dream'" in err and "Dream, LLaDA" in err
 
 
 def test_rule_dream_still_runs_on_a_bidirectional_model(checkpoint):

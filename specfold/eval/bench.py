@@ -138,7 +138,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
                                                       "mbpp, mbpp_full, ifeval, tiny)")
     ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
-    from specfold.cli import nonnegative_int, positive_int
+    from specfold.args import nonnegative_int, positive_int
     ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")
     ap.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed generations before each run")
     ap.add_argument("--no-progress", action="store_true")
@@ -147,12 +147,12 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
 def local_engines(a: argparse.Namespace):
     """(llm, generate) of a run in this process: the flags' LLM, no `generate` (run_bench's own loop).
     A room above may set another `engines` default on the parser (specfold/ray: `--ray`)."""
-    from specfold.cli import llm_from_args
+    from specfold.args import llm_from_args
     return llm_from_args(a), None
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specfold.cli import params_from_args
+    from specfold.args import params_from_args
     from specfold.decoding.methods import method_names
     from specfold.errors import ParamsError
 
@@ -214,7 +214,7 @@ def _command_line() -> str:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from specfold.cli import add_decode_args, add_model_args
+    from specfold.args import add_decode_args, add_model_args
     p = subparsers.add_parser("bench", help="benchmark methods side by side",
                               description="Run every method (and sweep point) on the same prompts; write "
                                           "per-sample JSONL records (resumable) and print a markdown table.")

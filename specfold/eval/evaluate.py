@@ -28,7 +28,7 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    from specfold.cli import params_from_args
+    from specfold.args import params_from_args
     from specfold.decoding.methods import get_method
     from specfold.eval.bench import check_writable_dir
     from specfold.eval.tasks import get_task
@@ -48,7 +48,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from specfold.cli import add_decode_args, add_model_args
+    from specfold.args import add_decode_args, add_model_args
     p = subparsers.add_parser("eval", help="score a method on benchmarks",
                               description="Generate with the chat template, score, print accuracy and speed.")
     add_model_args(p)

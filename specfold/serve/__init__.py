@@ -24,7 +24,7 @@ def create_app(*args, **kw):
 
 def build_engine(llm, a: argparse.Namespace):
     """The Engine of the CLI's engine flags (method, rule, drafts, graph, δ, backend, limits)."""
-    from specfold.cli import engine_config_from_args, params_from_args
+    from specfold.args import engine_config_from_args, params_from_args
     from specfold.engine.engine import Engine
     return Engine(llm, engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting))
 
@@ -35,7 +35,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     require("serve", "specfold serve")  # also when cmd_serve is called without the CLI's check
     import uvicorn
 
-    from specfold.cli import llm_from_args
+    from specfold.args import llm_from_args
     from specfold.serve.app import ServeConfig
     llm = llm_from_args(a)
     engine = build_engine(llm, a)
@@ -47,7 +47,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from specfold.cli import add_decode_args, add_engine_args, add_model_args
+    from specfold.args import add_decode_args, add_engine_args, add_model_args
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)",
                        description="Engine flags are fixed for the server's life; --max-new-tokens and "
                                    "--temperature are the defaults of requests that give none; a request "

@@ -262,7 +262,7 @@ def _train_tiny(out, seed, minutes, steps, micro, batch_size, lr, warmup, autoca
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from specfold.cli import positive_int
+    from specfold.args import positive_int
     p.add_argument("--out", required=True, help="output folder (checkpoint, HF export); rerun to resume")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--steps", type=positive_int, default=None,
