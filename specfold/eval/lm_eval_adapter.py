@@ -20,6 +20,8 @@ through `apply_chat_template` below), so it is encoded as is; a context that doe
 model's context window with `max_gen_toks` is cut from the left (as lm-eval's HF model does).
 `until` stop strings truncate the text at the earliest one; `max_gen_toks` bounds new tokens.
 Log-likelihood requests raise NotImplementedError: a diffusion decoder scores no log-likelihoods.
+A task whose data set cannot be loaded offline ends `main` with one line naming `--include_path`
+and the local data folder (exit status 2), not lm-eval's traceback.
 """
 from __future__ import annotations
 
@@ -131,16 +133,56 @@ class SpecfoldLM(LM):
         raise NotImplementedError(NO_LOGLIKELIHOOD)
 
 
-def main() -> None:
-    """lm-eval's command line with the "specfold" model registered."""
-    if not HAVE_LM_EVAL:
-        import sys
+_OFFLINE_ERRORS = ("DatasetNotFoundError", "LocalEntryNotFoundError", "OfflineModeIsEnabled", "EntryNotFoundError",
+                   "RepositoryNotFoundError")
 
+
+def offline_data_error(exc: BaseException) -> str | None:
+    """Why a data set could not be had offline, when `exc` (or what caused it) says so; else None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        name = type(exc).__name__
+        if name in _OFFLINE_ERRORS or (isinstance(exc, ConnectionError) and "Hub" in str(exc)):
+            return str(exc).strip().splitlines()[0] if str(exc).strip() else name
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def local_data_dir() -> str:
+    """Where the benchmark files of this checkout live (SPECFOLD_DATA, else ../shared/data)."""
+    import os
+    from pathlib import Path
+
+    return os.environ.get("SPECFOLD_DATA") or str(Path(__file__).resolve().parents[3] / "shared" / "data")
+
+
+def offline_line(why: str) -> str:
+    data = local_data_dir()
+    return (f"specfold-lm-eval: a task's data set is not available offline ({why}); run a task that reads the "
+            f"local data instead, with --include_path DIR holding its YAML (dataset_path: json, data_files: "
+            f"{data}/gsm8k/test.jsonl or another file of {data}; docs/EVAL.md shows one), or fill the HF cache on "
+            "a machine with network and set HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1")
+
+
+def main() -> None:
+    """lm-eval's command line with the "specfold" model registered. A data set that cannot be
+    loaded offline ends with one line (how to use the local data) and exit status 2."""
+    import sys
+
+    if not HAVE_LM_EVAL:
         print("specfold-lm-eval: lm-eval is not installed; install it with: pip install 'specfold[lm-eval]'",
               file=sys.stderr)
         raise SystemExit(2)
     from lm_eval.__main__ import cli_evaluate
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except Exception as e:  # noqa: BLE001 - only the offline-data case is turned into one line
+        why = offline_data_error(e)
+        if why is None:
+            raise
+        print(offline_line(why), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

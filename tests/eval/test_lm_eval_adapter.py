@@ -75,3 +75,24 @@ def test_entry_point_without_lm_eval_gives_one_install_line():
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
         "specfold-lm-eval: lm-eval is not installed; install it with: pip install 'specfold[lm-eval]'"]
+
+
+def test_offline_data_set_gives_one_line_naming_include_path(tmp_path):
+    """The real command, offline (HF_*_OFFLINE set, so no retries), on lm-eval's own gsm8k task,
+    whose data set is on the Hub only: one line, exit 2, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    from specfold.eval.lm_eval_adapter import local_data_dir
+
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    code = "import sys; from specfold.cli import lm_eval_main; sys.exit(lm_eval_main())"
+    r = subprocess.run([sys.executable, "-c", code, "run", "--model", "specfold", "--model_args",
+                        "pretrained=tiny,max_new_tokens=4", "--tasks", "gsm8k", "--limit", "1"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("specfold-lm-eval: a task's data set is not available offline (Couldn't reach 'openai/gsm8k'")
+    assert "--include_path" in last and local_data_dir() in last
