@@ -2,9 +2,10 @@
 # The one prepared command for a lent GPU machine (issue 14), inside one device call:
 #   widen the embedded model to the 0.5B and 1.5B preset widths (cost proxies, SPEC §9), then run
 #   benchmarks/gpu_specfold.py on them: kernels against their twins, layer times, and end to end
-#   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule.
+#   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule; then
+#   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64 with host syncs per step counted.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
-# PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md and $OUT/gpu_specfold.log.
+# PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md, $OUT/gpu_engine.md and their logs.
 #   device run:  bash benchmarks/gpu_run.sh            (timeout_s 540: the script aims at < 8 min)
 #   CPU check:   QUICK=1 bash benchmarks/gpu_run.sh    (--device cpu --quick)
 set -euo pipefail
@@ -23,3 +24,6 @@ done
 extra=()
 [ "${QUICK:-0}" = 1 ] && extra=(--device cpu --quick)
 $PY benchmarks/gpu_specfold.py "${models[@]}" "${extra[@]}" --out "$OUT/gpu_specfold.md" 2>&1 | tee "$OUT/gpu_specfold.log"
+eng=()
+[ "${QUICK:-0}" = 1 ] && eng=(--device cpu --batches 1,4 --max-new-tokens 16 --methods vanilla,specfold)
+$PY benchmarks/gpu_engine.py "${models[@]}" "${eng[@]}" --out "$OUT/gpu_engine.md" 2>&1 | tee "$OUT/gpu_engine.log"
