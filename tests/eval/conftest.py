@@ -31,8 +31,8 @@ def _sandbox_skip(kind: str | None) -> str | None:
     if name is not None and (kind is None or name == kind):
         return None
     why = sandbox._probe_bwrap() or "SPECFOLD_SANDBOX=weak is set"
-    return (f"code execution needs bubblewrap ({why}): `make test` installs it when run as root with apt; "
-            "otherwise install it with `apt-get install bubblewrap` (or your system's bubblewrap package)")
+    return (f"code execution needs the bubblewrap sandbox, but {why}: `make test` installs bubblewrap when run "
+            "as root with apt; otherwise install it (apt-get install bubblewrap, or your system's package)")
 
 
 def pytest_collection_modifyitems(config, items):
