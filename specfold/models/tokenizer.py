@@ -27,6 +27,7 @@ class Tokenizer:
         self.chat_template = chat_template
         self.bos_token = _token_str(config.get("bos_token"))
         self.eos_token = _token_str(config.get("eos_token"))
+        self._compiled: tuple[str, object] | None = None  # (template text, its compiled Jinja template)
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer | None":
@@ -71,14 +72,20 @@ class Tokenizer:
         if not self.chat_template:
             raise CheckpointError("this checkpoint has no chat template (tokenizer_config.json "
                                   "'chat_template' or chat_template.jinja); use chat_template=False")
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(msg: str):
-            raise TemplateError(msg)
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
-        return env.from_string(self.chat_template).render(
+        return self._template().render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def _template(self):
+        """The chat template compiled once per template text (compiling costs more than rendering)."""
+        if self._compiled is None or self._compiled[0] != self.chat_template:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(msg: str):
+                raise TemplateError(msg)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = raise_exception
+            self._compiled = (self.chat_template, env.from_string(self.chat_template))
+        return self._compiled[1]
