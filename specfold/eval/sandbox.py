@@ -146,7 +146,7 @@ def _probe_bwrap() -> str | None:
     fd = _memfd("seccomp", flt)
     try:
         cmd = [*_bwrap_args(1, "probe"), "--seccomp", str(fd), runtime().executable, "-I", "-S", "-c",
-               "import os, json, socket; assert os.listdir('/tmp') == ['.specfold', 'work'] or True"]
+               "import os, json, socket"]
         p = subprocess.run(cmd, capture_output=True, timeout=30, pass_fds=(fd,), stdin=subprocess.DEVNULL)
         if p.returncode != 0:
             msg = p.stderr.decode("utf-8", "replace").strip().splitlines()

@@ -180,12 +180,16 @@ def _guard_introspection() -> None:
     import _imp
     import gc
 
-    for name in sys.builtin_module_names:
-        if name not in sys.modules:
-            try:
-                __import__(name)
-            except ImportError:
-                pass
+    import warnings
+
+    with warnings.catch_warnings():  # e.g. spwd's DeprecationWarning where it is built in
+        warnings.simplefilter("ignore")
+        for name in sys.builtin_module_names:
+            if name not in sys.modules:
+                try:
+                    __import__(name)
+                except ImportError:
+                    pass
     for name in ("_current_frames", "_current_exceptions", "settrace", "setprofile"):
         if hasattr(sys, name):
             setattr(sys, name, _denied(f"sys.{name}"))

@@ -313,3 +313,55 @@ def test_output_and_private_tmp_are_capped():
            "except OSError as e:\n    assert e.errno == 28 and n < 64, n\n    raise SystemExit(1)"
     r = run_program(fill, Limits(timeout_s=10.0, tmp_mb=8, guard=False))
     assert r.status == "failed" and "AssertionError" not in r.stderr, r.stderr
+
+
+FOREIGN = """
+import sys
+sys.path.insert(0, {root!r})
+from specfold.eval.sandbox import Limits, run_program
+run_program("# {tag}\\nimport time\\ntime.sleep(60)", Limits(timeout_s=60.0))
+"""
+
+
+def test_another_suites_sandbox_is_not_a_leftover_of_this_one():
+    """A sandbox started by someone else (outside this process's tree) runs meanwhile: the
+    hostile checks still pass, and they do not count it (nor does it count theirs)."""
+    import ctypes
+    import subprocess
+    import time
+
+    tag = f"foreign{uuid.uuid4().hex[:8]}"
+    root = str(Path(__file__).resolve().parents[2])
+    libc = ctypes.CDLL(None)
+    libc.prctl(36, 0, 0, 0, 0)  # while launching: not a subreaper, so the foreign harness goes to init
+    try:
+        subprocess.run(["setsid", "-f", sys.executable, "-c", FOREIGN.format(root=root, tag=tag)], check=True,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    finally:
+        libc.prctl(36, 1, 0, 0, 0)
+
+    def machine_wide() -> list[int]:
+        out = []
+        for d in os.listdir("/proc"):
+            try:
+                if d.isdigit() and tag.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    out.append(int(d))
+            except OSError:
+                pass
+        return out
+
+    deadline = time.monotonic() + 30
+    harness = machine_wide()
+    while time.monotonic() < deadline and not any("/tmp/.specfold/" in c for p in harness for c in own_tree(p).values()):
+        time.sleep(0.1)
+        harness = machine_wide()
+    try:
+        assert any("/tmp/.specfold/" in c for p in harness for c in own_tree(p).values()), "no foreign sandbox"
+        contained("import os\nos.fork()", [], f"hostile-{uuid.uuid4().hex}")  # a hostile check, meanwhile
+        assert leftovers(tag) == [] and leftovers("/tmp/.specfold/") == []
+    finally:
+        for pid in harness:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
