@@ -39,7 +39,7 @@ from verify_batches import record  # noqa: E402
 
 from specfold import LLM, DecodeParams  # noqa: E402
 from specfold.decoding.verify.dense import DenseVerifier  # noqa: E402
-from specfold.decoding.verify.fold import FoldVerifier  # noqa: E402
+from specfold.decoding.verify.fold import FoldStats, FoldVerifier  # noqa: E402
 
 
 def baseline_verifier(rev: str):
@@ -52,9 +52,11 @@ def baseline_verifier(rev: str):
 CLOCK = time.thread_time  # CPU seconds of this thread: time-slicing by other jobs on the core is not counted
 
 
-def replay(batches, verifiers: dict, reps: int) -> dict:
-    """Sum over batches of the per-batch minimum CPU seconds, verifiers interleaved per batch."""
+def replay(batches, verifiers: dict, reps: int) -> tuple[dict, dict]:
+    """Sum over batches of the per-batch minimum CPU seconds, verifiers interleaved per batch; and
+    the fold ratios of every folded verifier over the batches (its per-call statistics summed)."""
     tot = {k: 0.0 for k in verifiers}
+    folds: dict = {}
     with torch.inference_mode():
         for b in batches:
             best = {k: float("inf") for k in verifiers}
@@ -63,9 +65,14 @@ def replay(batches, verifiers: dict, reps: int) -> dict:
                     t0 = CLOCK()
                     v(*b.args())
                     best[k] = min(best[k], CLOCK() - t0)
-            for k in verifiers:
+            for k, v in verifiers.items():
                 tot[k] += best[k]
-    return tot
+                if hasattr(v, "report"):  # a baseline revision's verifier keeps running totals itself
+                    folds[k] = v
+                elif getattr(v, "last_stats", None):
+                    folds[k] = folds.get(k) or FoldStats.zeros(len(v.last_stats[0].folded))
+                    folds[k].add(v.last_stats[0])
+    return tot, {k: f.report(verifiers[k].delta) if isinstance(f, FoldStats) else f.report() for k, f in folds.items()}
 
 
 def max_diff(batches, a, b) -> float:
@@ -94,9 +101,9 @@ def part_tiny(a, Old) -> None:
             vs = {"dense": DenseVerifier(m), "new": FoldVerifier(m, delta)}
             if Old is not None:
                 vs["old"] = Old(m, delta)
-            t = replay(bs, vs, a.reps)
+            t, reports = replay(bs, vs, a.reps)
             old = (f"{t['old'] * 1e3 / len(bs):.2f} | {t['old'] / t['dense']:.2f}x" if "old" in t else "- | -")
-            ratios = " | ".join(_ratios(vs[k].report()) if k in vs else "-" for k in ("new", "old"))
+            ratios = " | ".join(_ratios(reports[k]) if k in reports else "-" for k in ("new", "old"))
             diff = max_diff(bs[:20], vs["new"], vs["dense"])
             print(f"| {delta} | {label} ({len(bs)}) | {t['dense'] * 1e3 / len(bs):.2f} | {t['new'] * 1e3 / len(bs):.2f} "
                   f"| {t['new'] / t['dense']:.2f}x | {old} | {ratios} | {diff:.1e} |", flush=True)

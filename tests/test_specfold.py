@@ -39,11 +39,11 @@ def test_delta_zero_equals_dense_logits(checkpoint, kind, attention):
         fv = FoldVerifier(m, 0.0)
         folded = fv(toks, parents, pos, cache, mask, out)
     assert (folded - dense).abs().max().item() <= 1e-10
-    assert fv.report()["fold_ratio"] > 0  # identical inherited rows really were folded
+    assert fv.last_stats[0].report()["fold_ratio"] > 0  # identical inherited rows really were folded
     with torch.inference_mode():
         loose = FoldVerifier(m, 0.5)
         approx = loose(toks, parents, pos, cache, mask, out)
-    assert loose.report()["fold_ratio"] >= fv.report()["fold_ratio"]
+    assert loose.last_stats[0].report()["fold_ratio"] >= fv.last_stats[0].report()["fold_ratio"]
     assert torch.equal(approx[0], dense[0]) or (approx[0] - dense[0]).abs().max() < 1e-12  # root exact
 
 
@@ -177,7 +177,7 @@ def test_verify_many_equals_each_forward_alone(checkpoint, monkeypatch, kind, at
             if getattr(r, "stats", None) is not None:  # the engine's ForwardResult carries them too
                 assert r.stats == st.counts()
             if f.tokens.shape[0] > 1:  # per-forward statistics are that forward's own
-                assert st.folded == alone.totals.folded and st.ffn_folded == alone.totals.ffn_folded
+                assert st.folded == alone.last_stats[0].folded and st.ffn_folded == alone.last_stats[0].ffn_folded
             else:
                 assert sum(st.positions) == 0 and st.report()["fold_ratio"] is None
             if delta == 0.0:
@@ -215,17 +215,19 @@ def test_root_only_is_the_dense_forward_and_fold_ratio_undefined(checkpoint):
     with torch.inference_mode():
         root = fv(toks[:1], [-1], pos, None, None, out)
         assert torch.equal(root, m(toks[:1], pos, logits_at=out))  # the plain dense forward, bit for bit
-    rep = fv.report()
+    total = fv.last_stats[0]
+    rep = total.report()
     assert rep["fold_ratio"] is None and rep["fold_ratio_excl_layer0"] is None and rep["ffn_fold_ratio"] is None
     assert rep["fold_ratio_per_layer"] == [None] * llm.spec.num_layers
     assert rep["fold_root_only"] == rep["fold_verifications"] == 1
     with torch.inference_mode():
         fv(toks, parents, pos, None, None, out)
-    rep = fv.report()
+    total.add(fv.last_stats[0])
+    rep = total.report()
     assert rep["fold_verifications"] == 2 and rep["fold_root_only"] == 1
     assert all(0.0 <= r <= 1.0 for r in rep["fold_ratio_per_layer"])
     L = llm.spec.num_layers
-    excl = sum(fv.totals.folded[1:]) / sum(fv.totals.positions[1:])
+    excl = sum(total.folded[1:]) / sum(total.positions[1:])
     assert rep["fold_ratio_excl_layer0"] == pytest.approx(excl) and L > 1
 
 
@@ -247,7 +249,7 @@ def test_one_host_sync_per_layer(checkpoint, monkeypatch, delta):
         folded = fv(toks, parents, pos, None, None, out)
         dense = DenseVerifier(m)(toks, parents, pos, None, None, out)
     assert len(calls) == llm.spec.num_layers + 1 and llm.spec.num_layers > 1
-    assert sum(fv.totals.folded) > 0
+    assert sum(fv.last_stats[0].folded) > 0
     if delta == 0.0:
         assert (folded - dense).abs().max().item() <= 1e-10
 

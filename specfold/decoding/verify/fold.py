@@ -7,9 +7,9 @@ gate runs once per layer, after attention (its decision covers the layer's FFN a
 QKV), plus once on the embeddings: L + 1 host syncs for L layers.
 
 Two entry points:
-- `__call__(tokens, parents, positions, cache, mask, out_idx)`: one request's verification (the
-  decode loop). A batch with no drafts (B == 1) is the plain dense `model(...)` forward. Its fold
-  statistics are added to the verifier's running totals, read by `report()` and cleared by `reset()`.
+- `__call__(tokens, parents, positions, cache, mask, out_idx)`: one forward (tests, benchmarks). A
+  batch with no drafts (B == 1) is the plain dense `model(...)` forward. Its fold statistics are
+  `last_stats[0]`.
 - `verify_many(forwards) -> list[ForwardResult]` (the engine's runner): the `Forward`s of
   one engine step in one packed pass. Folding stays inside each forward's branch tree
   (`Forward.parents`), never across forwards; the position-wise work (norms, fused QKV, o_proj, FFN,
@@ -18,7 +18,7 @@ Two entry points:
   (`list[FoldStats]`) and in `result.stats` as
   `FoldStats.counts()` (per-layer count lists): the engine adds them to request i's counters
   (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
-  draft position was verified). `verify_many` does not touch the running totals.
+  draft position was verified).
 
 Eager windows: `return_hidden` gives every row's hidden states (folded rows: the folded values), so
 an eager commit writes the block's K/V from them. At δ = 0 they are the dense ones; at δ > 0 a block
@@ -109,30 +109,21 @@ class FoldVerifier:
         self.be = get_backend(backend)
         self.weights = layer_weights(model)
         self.last_stats: list[FoldStats] = []
-        self.reset()
-
-    # ------------------------------------------------------------------ statistics (the loop's)
-    def reset(self) -> None:
-        self.totals = FoldStats.zeros(len(self.weights))
-
-    def report(self) -> dict:
-        return self.totals.report(self.delta)
 
     # ------------------------------------------------------------------ entry points
     def __call__(self, tokens: torch.Tensor, parents: list[int], positions: torch.Tensor,
                  cache: PrefixCache | None, mask: torch.Tensor | None, out_idx: torch.Tensor,
                  return_hidden: bool = False):
-        """tokens [B, W] (branch 0 = root), parents[b] = parent branch (-1 for the root) ->
-        logits [B, len(out_idx), V] at window indices `out_idx` (and, when asked, the hidden states:
-        every layer's input [B, W, d] and the final one, as the dense forward returns them)."""
-        if tokens.shape[0] == 1:  # nothing to fold: the plain dense forward
-            self.totals.verifications += 1
-            self.totals.root_only += 1
+        """One forward: tokens [B, W] (branch 0 = root), parents[b] = parent branch (-1 for the root)
+        -> logits [B, len(out_idx), V] at window indices `out_idx` (and, when asked, the hidden
+        states: every layer's input [B, W, d] and the final one, as the dense forward returns them).
+        Its statistics are `self.last_stats[0]`. B == 1 is the plain dense forward."""
+        if tokens.shape[0] == 1:  # nothing to fold
+            self.last_stats = [FoldStats(*([[0] * len(self.weights)] * 3), verifications=1, root_only=1)]
             return self.model(tokens, positions, cache=cache, mask=mask, logits_at=out_idx,
                               return_hidden=return_hidden)
         res = self.verify_many([Forward(tokens, positions, cache, mask, logits_at=out_idx, parents=list(parents),
                                         return_hidden=return_hidden)])
-        self.totals.add(self.last_stats[0])
         return (res[0].logits, res[0].hidden) if return_hidden else res[0].logits
 
     def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]:
