@@ -3,14 +3,15 @@ the `DraftPolicy` / `Verifier` protocols (SPEC §5-6).
 
 A decode method = a draft policy + a verifier (decoding/methods/). Both are built once per engine
 and shared by every request, so they hold no per-request state: hit counts, fold statistics and
-timings live on the request (`specfold.engine.request.Counters`).
+timings live on the request (`specfold.decoding.request.Counters`).
 
 Invariants:
 - `DraftPolicy.drafts` only reads its arguments; it returns block states in an order where every
   draft's `parent` (0 = root, i = the i-th draft) comes before it, so any prefix of the list is a
   valid verification batch (the scheduler may cut it: drafts change speed, never tokens);
-- a verifier maps a batch of branch states to logits and nothing else; `returns_hidden` says whether
-  it can also return the per-layer hidden states (eager commits reuse them).
+- a verifier maps the verify forwards of a step to logits (device work) and nothing else;
+  `returns_hidden` says whether it can also return the per-layer hidden states (eager commits reuse
+  them). Policies see host data only (token lists, `Scored` lists), never a tensor.
 """
 from __future__ import annotations
 

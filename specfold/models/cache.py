@@ -2,7 +2,8 @@
 
 Invariants: `k[l, :, :length]` holds positions `[0, length)` of the sequence in order; views handed
 to the forward pass (`view(l)`) are zero-copy slices shared by every branch of a verification batch;
-only `append` (one window, one branch) writes.
+only `write` (one window of one branch, per layer) then `commit_write` add positions, and `truncate`
+drops them from the end (LinearSpec's rejected drafts).
 """
 from __future__ import annotations
 

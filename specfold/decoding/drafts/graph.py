@@ -81,10 +81,6 @@ class DraftGraph:
         """Vocabulary ranks the graph reads (1 = argmax only)."""
         return 1 + max((v for n in self.nodes for _, v in n.pairs), default=0)
 
-    @property
-    def max_position_rank(self) -> int:
-        return max((r for n in self.nodes for r, _ in n.pairs), default=-1)
-
     def first(self, b: int) -> "DraftGraph":
         """The graph of its first `b` nodes (valid: parents precede children)."""
         if b > len(self.nodes):
