@@ -5,8 +5,8 @@ of every expert on every row. Time and peak memory above the resident weights, p
     MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python \
         benchmarks/moe_layer.py [--rows 32 128 512] [--repeats 3] [--methods routed-loop ...] [--no-warmup]
 
-Methods: `routed-loop` (models/moe.py: rows sorted by expert, one GEMM per non-empty expert; the
-CPU default), `routed-grouped` (the same through torch's grouped GEMM), `dense-loop` (each of the
+Methods: `routed-loop` (models/moe.py: rows sorted by expert, one GEMM per non-empty expert),
+`routed-grouped` (the same through torch's grouped GEMM: the float32 default), `dense-loop` (each of the
 256 experts on all rows, weighted by the routing weights, 0 where not routed) and `dense-batched`
 (the same as one batched matmul over all experts). All four give the same output (checked).
 Times: wall and CPU seconds of the call (median over --repeats; on a shared machine the CPU

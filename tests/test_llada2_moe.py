@@ -127,10 +127,12 @@ def test_grouped_gemm_and_expert_loop_agree():
     assert (grouped - loop).abs().max().item() <= 1e-4
     m = _moe(dtype=torch.float32)
     x = torch.randn(40, 32, generator=g)
+    out = {}
     with torch.no_grad():
-        moe_mod.BACKEND = "grouped"
-        try:
-            a = m(x)
-        finally:
-            moe_mod.BACKEND = "auto"
-        assert (a - m(x)).abs().max().item() <= 1e-5
+        for backend in ("grouped", "loop"):
+            moe_mod.BACKEND = backend
+            try:
+                out[backend] = m(x)
+            finally:
+                moe_mod.BACKEND = "auto"
+    assert (out["grouped"] - out["loop"]).abs().max().item() <= 1e-5

@@ -13,7 +13,8 @@ Invariants:
 - routing and the weighted sum run in float32 for 16-bit dtypes (the official code's router dtype)
   and in the input dtype otherwise, so float64 runs are float64 end to end;
 - the routed experts run as grouped GEMMs: the (row, expert) pairs are sorted by expert and each
-  non-empty expert multiplies its contiguous slice once (`grouped_swiglu`); no loop over rows and
+  non-empty expert multiplies its contiguous slice once (`grouped_swiglu`: torch's grouped GEMM, or
+  one GEMM per non-empty expert); no loop over rows and
   no evaluation of an expert on rows not routed to it. Rows of every branch and every request of a
   packed forward share those GEMMs (the caller packs them);
 - ties in a top-k keep torch.topk's order (random float64 weights have none; the tests check the
@@ -28,8 +29,10 @@ from torch import nn
 from specfold.errors import ConfigError
 
 _LOW = (torch.bfloat16, torch.float16)
-# "auto": torch's grouped GEMM on CUDA (16-bit or float32), the per-expert loop elsewhere (on a CPU
-# the loop is as fast: BENCHMARKS.md); "grouped" / "loop" force one (the tests run both).
+# "auto": torch's grouped GEMM (one call per projection, no host read) in float32 and, on CUDA, in
+# 16-bit; the per-expert loop otherwise (float64; 16-bit on a CPU, where the grouped GEMM needs
+# 16-byte aligned strides). On a CPU both cost the same within 10% (BENCHMARKS.md).
+# "grouped" / "loop" force one (the tests run both).
 BACKEND = "auto"
 
 
@@ -80,7 +83,8 @@ def grouped_swiglu(xs: torch.Tensor, counts: torch.Tensor, w_gate: torch.Tensor,
     -> [N, d]: row n goes through its expert's SwiGLU only."""
     backend = backend or BACKEND
     if backend == "auto":
-        backend = "grouped" if xs.is_cuda and xs.dtype in (*_LOW, torch.float32) else "loop"
+        grouped = xs.dtype == torch.float32 or (xs.is_cuda and xs.dtype in _LOW)
+        backend = "grouped" if grouped else "loop"
     if backend == "grouped":
         offs = counts.cumsum(0).to(torch.int32)
         g = F.grouped_mm(xs, w_gate.transpose(1, 2), offs=offs)
