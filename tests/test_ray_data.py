@@ -46,6 +46,20 @@ def test_eval_ray_writes_the_records_and_scores_of_the_local_run(tmp_path, capsy
     assert score == local.split("|")[0] and "(n=16)" in score
 
 
+def test_bench_ray_compares_methods_like_the_local_run(tmp_path, capsys):
+    """Two methods (vanilla the reference, spiffy compared with it) in one dataset, mixed in batches."""
+    ray_cluster()
+    from specfold.cli import main
+    base = ["bench", "--model", "tiny", "--tasks", "tiny", "--limit", "4", "--methods", "vanilla,spiffy",
+            "--no-progress", "--warmup", "0"]
+    assert main(base + ["--ray", "--replicas", "2", "--ray-batch-size", "3", "--out", str(tmp_path / "r.jsonl")]) == 0
+    assert main(base + ["--out", str(tmp_path / "l.jsonl")]) == 0
+    capsys.readouterr()
+    got, want = ([json.loads(line) for line in (tmp_path / n).read_text().splitlines()] for n in ("r.jsonl", "l.jsonl"))
+    assert len(want) == 8 and [untimed(r) for r in got] == [untimed(r) for r in want]
+    assert {r["method"] for r in want} == {"vanilla", "spiffy"} and all(r["exact"] for r in want if r["method"] == "spiffy")
+
+
 def test_processor_rows_equal_llm_generate():
     ray_cluster()
     import ray

@@ -198,6 +198,17 @@ def test_fault_killed_replica_fails_its_requests_and_is_replaced(cli_server):
     assert [r[0] for r in again] == [200] * 4
 
 
+def test_replicas_that_do_not_fit_a_local_cluster_are_refused():
+    ray_cluster()
+    from specfold.errors import SpecfoldError
+    from specfold.ray.cluster import check_fits
+    check_fits(2, 2.0, 0.0, strict=True)  # the test cluster has 4 CPUs
+    with pytest.raises(SpecfoldError, match=r"3 replica\(s\) of 2 CPU and 0 GPU need 6 CPUs \(the cluster has 4\)"):
+        check_fits(3, 2.0, 0.0, strict=True)
+    with pytest.raises(SpecfoldError, match=r"need 1 GPUs \(the cluster has 0\)"):
+        check_fits(1, 1.0, 1.0, strict=True)
+
+
 # ---------------------------------------------------------------------------------- the Python API
 @pytest.fixture(scope="module")
 def narrow():

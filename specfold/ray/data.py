@@ -153,10 +153,14 @@ def ordered_outputs(spec: EngineSpec, jobs: Sequence[tuple[object, object]], rep
             runs.append(params)
         run_of.append(runs.index(params))
     size = batch_size or max(1, min(64, math.ceil(len(jobs) / (2 * replicas))))
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
-    ds = ray.data.from_items([{"job": k} for k in range(len(jobs))])
-    ds = ds.map_batches(DecodeUDF, fn_constructor_kwargs={"spec": spec, "prompts": [p for p, _ in jobs],
-                                                          "runs": runs, "run_of": run_of, "warmup": warmup},
-                        concurrency=replicas, batch_size=size, **spec.actor_options())
-    for row in ds.iter_rows():
-        yield pickle.loads(row["output"])
+    options = ray.data.DataContext.get_current().execution_options
+    kept, options.preserve_order = options.preserve_order, True  # rows come back in job order
+    try:
+        ds = ray.data.from_items([{"job": k} for k in range(len(jobs))])
+        ds = ds.map_batches(DecodeUDF, fn_constructor_kwargs={"spec": spec, "prompts": [p for p, _ in jobs],
+                                                              "runs": runs, "run_of": run_of, "warmup": warmup},
+                            concurrency=replicas, batch_size=size, **spec.actor_options())
+        for row in ds.iter_rows():
+            yield pickle.loads(row["output"])
+    finally:
+        options.preserve_order = kept
