@@ -47,7 +47,10 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--tokens-per-step", type=int, help="k of the static/dynamic rules")
     g.add_argument("--threshold", type=float)
     g.add_argument("--confidence", choices=CONFIDENCES)
-    g.add_argument("--steps", type=int, help="llada: steps per block; dream: total steps")
+    g.add_argument("--steps", type=int, help="llada / llada2: steps per block; dream: total steps")
+    g.add_argument("--edit-threshold", type=float, help="llada2_edit: a written token is rewritten when p > this")
+    g.add_argument("--max-post-steps", type=nonnegative_int,
+                   help="llada2_edit: forwards a block may run once it has no mask")
     g.add_argument("--max-new-tokens", type=positive_int, default=256)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--seed", type=int, default=0)
@@ -88,6 +91,7 @@ def params_from_args(a: argparse.Namespace):
     return DecodeParams(
         method=a.method, rule=a.rule, block_size=a.block_size, sub_block_size=a.sub_block_size,
         tokens_per_step=a.tokens_per_step, threshold=a.threshold, confidence=a.confidence, steps=a.steps,
+        edit_threshold=a.edit_threshold, max_post_steps=a.max_post_steps,
         max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
         chat_template=not a.no_chat_template, early_stop=not a.no_early_stop, draft_depth=a.draft_depth,
         eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend)

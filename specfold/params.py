@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from specfold.errors import ParamsError
 
-RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream")
+RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream", "llada2", "llada2_edit")
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 
@@ -31,6 +31,12 @@ def seed_error(v) -> str | None:
     if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEED:
         return None
     return f"seed must be an integer in [0, 2**63), got {v!r}"
+
+
+def steps_for(steps: int, max_new_tokens: int, minimal_topk: int = 1) -> int:
+    """LLaDA2.0's steps per block: `steps` capped at `max_new_tokens // minimal_topk` (the official
+    cap; decoding/rules_llada2.py re-exports it)."""
+    return min(steps, max_new_tokens // minimal_topk)
 
 
 def _int(name: str, v, lo: int | None = None) -> None:
@@ -99,7 +105,9 @@ class EngineConfig:
     threshold: float | None = None
     threshold_ge: bool | None = None  # `>=` instead of `>` (Nemotron-Labs-Diffusion, FreeDave)
     confidence: str | None = None
-    steps: int | None = None  # llada: steps per block; dream: total steps
+    steps: int | None = None  # llada / llada2: steps per block; dream: total steps
+    edit_threshold: float | None = None  # llada2_edit: tau_edit (a written token is rewritten when p > it)
+    max_post_steps: int | None = None  # llada2_edit: forwards a block may run once it has no mask
     early_stop: bool = True  # stop denoising a block once a stop token is committed with no mask before it
     # speculative decoding (FreeDave, Spiffy) and SpecFold
     draft_depth: int = 8
@@ -126,6 +134,11 @@ class EngineConfig:
             raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
+        if self.edit_threshold is not None and not 0.0 <= self.edit_threshold <= 1.0:
+            raise ParamsError(f"edit_threshold must be in [0, 1] (0 = rewrite every changed token), "
+                              f"got {self.edit_threshold}")
+        if self.max_post_steps is not None:
+            _int("max_post_steps", self.max_post_steps, 0)
         for name in ("block_size", "sub_block_size", "tokens_per_step", "steps"):
             v = getattr(self, name)
             if v is not None and v <= 0:
@@ -177,6 +190,13 @@ class EngineConfig:
         p.confidence = p.confidence or spec.confidence
         if p.steps is None and p.rule in ("llada", "dream"):
             p.steps = p.block_size
+        if p.steps is None and p.rule == "llada2":
+            p.steps = spec.steps or p.block_size
+        p.edit_threshold = spec.edit_threshold if p.edit_threshold is None else p.edit_threshold
+        p.max_post_steps = spec.max_post_steps if p.max_post_steps is None else p.max_post_steps
+        if p.eager and p.rule in ("llada2", "llada2_edit"):
+            raise ParamsError(f"eager windows are not supported with rule {p.rule!r} (LLaDA2 decodes its last "
+                              f"block in full and, under llada2_edit, edits a block until it settles); drop eager")
         if p.eager and spec.attention != "block_causal":
             raise ParamsError(f"eager mode needs a block-causal model; {spec.family} uses {spec.attention!r}")
         return p
@@ -189,6 +209,8 @@ class EngineConfig:
         if whole_blocks and spec.max_new_tokens_multiple_of_block and max_new_tokens % p.block_size:
             raise ParamsError(f"{spec.family} decodes whole blocks: max_new_tokens={max_new_tokens} must be "
                               f"a multiple of block_size={p.block_size}")
+        if p.rule == "llada2" and p.steps is not None and steps_for(p.steps, max_new_tokens) != p.steps:
+            p = dataclasses.replace(p, steps=steps_for(p.steps, max_new_tokens))
         return p
 
 
@@ -209,6 +231,8 @@ class DecodeParams:
     threshold_ge: bool | None = None
     confidence: str | None = None
     steps: int | None = None
+    edit_threshold: float | None = None
+    max_post_steps: int | None = None
     max_new_tokens: int = 256
     temperature: float = 0.0
     seed: int = 0

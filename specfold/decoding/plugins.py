@@ -56,6 +56,11 @@ class BlockContext:
     width: int = 0
     window_allowed: list[bool] | None = None
     seed_token: bool = False
+    # per-block rule counters (the rule reads them, the program advances them): `step` counts the rule
+    # steps applied, `post` those applied while the block had no mask (LLaDA2.1's post steps), and
+    # `settled` is the last step's "finished" (Rule.advance)
+    post: int = 0
+    settled: bool = False
 
 
 class DraftPolicy:

@@ -79,6 +79,7 @@ class BlockState:
     prelude: list[Job] = field(default_factory=list)  # jobs to run first in the next step (reuse)
     reuse: list | None = None  # hidden rows of a reused commit that must read a seed token
     verification: Verification | None = None
+    seen: dict = field(default_factory=dict)  # non-monotone rules: block state -> its Entry (this block's)
 
 
 class BlockProgram:
@@ -172,8 +173,9 @@ class BlockProgram:
         if st.seed is not None:  # seed-token families: the block's first position, predicted before it
             tokens[n_prompt] = st.seed
             st.seed = None
-        allowed = [start + i < req.limit and i >= n_prompt for i in range(N)]
-        st.tokens, st.n_prompt, st.phase = tokens, n_prompt, "denoise"
+        full = self.spec.full_last_block  # LLaDA2: the last block is decoded past the limit (emit cuts)
+        allowed = [(full or start + i < req.limit) and i >= n_prompt for i in range(N)]
+        st.tokens, st.n_prompt, st.phase, st.seen = tokens, n_prompt, "denoise", {}
         st.ctx = self._ctx(req, start, allowed, 0, tokens)
         st.mask = window_mask(self.spec.attention, N, self._origin(req))
         self._begin(req, st)
@@ -237,25 +239,33 @@ class BlockProgram:
         gen_lo = st.n_prompt if self.spec.uses_cache else len(req.prompt_ids)
         allowed = ctx.allowed
         hi = max(indices(allowed), default=-1) + 1
+        rule = ctx.rule
         while True:
             masked = [t == self.M and a for t, a in zip(st.tokens, allowed)]
-            if not any(masked) or (req.config.early_stop and self._stopped(req, st.tokens, gen_lo, hi)):
+            has_mask = any(masked)
+            if not rule.wants_forward(has_mask, ctx) or (
+                    req.config.early_stop and rule.mid_block_stop and self._stopped(req, st.tokens, gen_lo, hi)):
                 self._block_done(req, st)
                 return
             entry = st.store.get(st.store.key(ctx.start, st.tokens, st.seq))
+            if entry is None and not rule.monotone:  # a state this block visited before (edits oscillate)
+                entry = st.seen.get(tuple(st.tokens))
             if entry is None:
                 return
+            if not rule.monotone:
+                st.seen.setdefault(tuple(st.tokens), Entry(entry.scored, -1, entry.ahead))
             if not st.fresh:
                 cnt.reused_states += 1
                 if entry.node >= 0:
                     cnt.node_hits[entry.node] += 1
             st.fresh = False
-            region = ctx.rule.region(masked, ctx.block_origin)
-            nxt = ctx.rule.apply(st.tokens, entry.scored, ctx.step, ctx.masks_at_start)
+            region = rule.region(rule.candidates(st.tokens, allowed, self.M), ctx.block_origin)
+            nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
             st.parent = Step(st.tokens, entry.scored, nxt, region, entry.ahead)
             self.policy.on_step(st.parent, ctx)
             st.tokens = nxt
             ctx.step += 1
+            ctx.post += not has_mask
 
     def _stopped(self, req: DecodeRequest, state: list[int], lo: int, hi: int) -> bool:
         """A stop token in state[lo:hi] with no mask before it (in that range)."""
@@ -326,7 +336,7 @@ class BlockProgram:
         the region it reads next once that one is filled: the next sub-block of block j, or the
         region of block j+1 when block j has no other mask (draft material)."""
         allowed = ctx.window_allowed
-        avail = [t == self.M and a for t, a in zip(toks, allowed)]
+        avail = ctx.rule.candidates(toks, allowed, self.M)
         parts, aheads = [], []
         for j in range(extra + 1):
             lo, origin = j * N, (ctx.block_origin if j == 0 else 0)

@@ -10,12 +10,21 @@ Invariants (temperature 0):
   rule's kind (max_prob default, margin, neg_entropy), float64;
 - only masked positions in the rule's region are candidates; ties go to the lower position;
 - every step unmasks at least one position, except the Dream schedule, which may unmask none.
+
+Hooks a rule may override (the block program calls them; defaults = a monotone rule): `candidates`
+(the positions whose scores it reads: the masked allowed ones; LLaDA2.1 also reads the written ones,
+its edit set), `wants_forward` (before a forward: whether the block needs one more step; default:
+while it has a mask), `advance` (state, scores, block context -> the next state and whether the block
+is finished; it may rewrite written tokens when `monotone` is False) and `mid_block_stop` (whether a
+block may end once a stop token has no mask before it). Per-block counters (`step`, `post`,
+`settled`) live in the program's `BlockContext`, never in a rule: one rule serves every request.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
+from specfold.decoding import rules_llada2 as L2
 from specfold.params import EngineConfig
 
 
@@ -43,9 +52,23 @@ def indices(flags: list[bool]) -> list[int]:
 
 class Rule:
     """Base: `region` picks candidate positions, `select` picks which candidates to unmask."""
+    monotone = True  # written tokens never change (a block state never repeats)
+    mid_block_stop = True  # a block may end once a stop token has no mask before it (early_stop)
 
     def __init__(self, p: EngineConfig):
         self.p = p
+
+    def candidates(self, tokens: list[int], allowed: list[bool], mask_id: int) -> list[bool]:
+        """[W] positions whose scores the rule reads (before `region`): the masked allowed ones."""
+        return [t == mask_id and a for t, a in zip(tokens, allowed)]
+
+    def wants_forward(self, has_mask: bool, ctx) -> bool:
+        """Before a forward of the block (ctx: the program's BlockContext): False ends the block."""
+        return has_mask
+
+    def advance(self, state: list[int], s: Scored, ctx) -> tuple[list[int], bool]:
+        """One step: the next block state, and whether the block is finished (needs no forward)."""
+        return self.apply(state, s, ctx.step, ctx.masks_at_start), False
 
     def region(self, masked: list[bool], block_start: int) -> list[bool]:
         """masked [W] over the window (only positions of the current block are ever masked-and-
@@ -139,8 +162,58 @@ def _f32_times(n: int, r: float) -> int:
     return int(struct.unpack("f", struct.pack("f", n * r))[0])
 
 
+def _block_view(state: list[int], s: Scored, mask_id: int):
+    """Scores over the block (rules_llada2's inputs): masked, frozen (not a candidate), top, prob [N]."""
+    N = len(state)
+    cand, top, prob = [False] * N, [-1] * N, [0.0] * N
+    for p, t, c in zip(s.positions, s.tokens, s.conf):
+        cand[p], top[p], prob[p] = True, t, c
+    masked = [c and t == mask_id for c, t in zip(cand, state)]
+    return masked, [not c for c in cand], top, prob
+
+
+def _written(state: list[int], step: L2.Step) -> list[int]:
+    nxt = list(state)
+    for i, t in step.writes:
+        nxt[i] = t
+    return nxt
+
+
+class LLaDA2(Rule):
+    """LLaDA2.0 (rules_llada2.llada2_step): per step s of `steps`, the masks with p > threshold when at
+    least the schedule's quota pass, else the quota's most probable masks."""
+
+    def wants_forward(self, has_mask, ctx):
+        return has_mask and ctx.step < self.p.steps
+
+    def advance(self, state, s, ctx):
+        masked, _, top, prob = _block_view(state, s, ctx.mask_id)
+        st = L2.llada2_step(masked, top, prob, ctx.step, self.p.steps, self.p.threshold)
+        return _written(state, st), st.done
+
+
+class LLaDA2Edit(Rule):
+    """LLaDA2.1 (rules_llada2.llada2_edit_step): masks with p > threshold (else the best one) and, at
+    the block's written non-prompt positions, every changed argmax with p > edit_threshold; once the
+    block has no mask, at most `max_post_steps` more forwards, until a step edits nothing."""
+    monotone = False
+    mid_block_stop = False  # a later edit may change the tokens before a stop token, or the stop token
+
+    def candidates(self, tokens, allowed, mask_id):
+        return list(allowed)
+
+    def wants_forward(self, has_mask, ctx):
+        return not ctx.settled and L2.edit_wants_forward(has_mask, ctx.post, self.p.max_post_steps)
+
+    def advance(self, state, s, ctx):
+        masked, frozen, top, prob = _block_view(state, s, ctx.mask_id)
+        st = L2.llada2_edit_step(state, masked, frozen, top, prob, self.p.threshold, self.p.edit_threshold)
+        return _written(state, st), st.done
+
+
 RULES: dict[str, type[Rule]] = {"static": Static, "threshold": Threshold, "sub_block": SubBlock,
-                                "dynamic": Dynamic, "llada": LLaDA, "dream": Dream}
+                                "dynamic": Dynamic, "llada": LLaDA, "dream": Dream,
+                                "llada2": LLaDA2, "llada2_edit": LLaDA2Edit}
 
 
 def make_rule(p: EngineConfig) -> Rule:

@@ -21,12 +21,14 @@ Invariants (temperature 0, the official `generate` of both model cards):
   after a step that started with no mask and edited nothing, or before a forward once
   `max_post_steps` forwards have run with no mask (`edit_wants_forward`);
 - ties in a top-k go to the lower position.
-Nothing here imports torch or the engine.
+Nothing here imports torch or the engine (only `steps_for` from the settings).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+
+from specfold.params import steps_for  # noqa: F401 (the per-request cap of `steps`, defined with the settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +36,6 @@ class Step:
     writes: tuple[tuple[int, int], ...]  # (block position, token), ascending positions
     edits: int  # how many writes rewrote a committed token (LLaDA2.1)
     done: bool  # the block needs no further forward after these writes
-
-
-def steps_for(steps: int, max_new_tokens: int, minimal_topk: int = 1) -> int:
-    """Steps per block: `steps` capped at `max_new_tokens // minimal_topk` (the official cap)."""
-    return min(steps, max_new_tokens // minimal_topk)
 
 
 def schedule(block: int, steps: int) -> list[int]:

@@ -119,8 +119,11 @@ FAMILIES: dict[str, dict[str, Any]] = {
         max_new_tokens_multiple_of_block=True),
     # LLaDA2.0 / 2.1 (Ling-2.0 MoE layout, docs/LLADA2.md): block-causal from position 0, so the
     # prompt's last partial block is part of the first active block (SPEC §3)
-    "llada2_moe": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32),
-    "llada2_moe_veomni": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32),
+    # (edit_threshold / max_post_steps: 2.1's, for a checkpoint of this model_type run with rule llada2_edit)
+    "llada2_moe": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32,
+                       edit_threshold=0.5, max_post_steps=16),
+    "llada2_moe_veomni": dict(family="llada2", **_LLADA2, rule="llada2", threshold=0.95, steps=32,
+                              edit_threshold=0.5, max_post_steps=16),
     "llada21_moe": dict(family="llada2", **_LLADA2, rule="llada2_edit", threshold=0.7,
                         edit_threshold=0.5, max_post_steps=16),
     "qwen2": dict(family="qwen2", **_QWEN2),
