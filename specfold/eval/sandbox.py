@@ -53,6 +53,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -365,27 +366,27 @@ def _read_info(fd: int) -> bytes:
 
 # -- runs that must not outlive a SIGTERM of this process ------------------------------------------
 _LIVE: dict[str, int] = {}  # run id -> its process group (the weak mode's directories are found by name)
-_STARTS = {"n": 0, "main": False, "pending": 0}  # Popens between fork and registration; a deferred signal
+_STARTS = {"n": 0, "main": False, "pending": 0, "stop": False}  # runs being set up; a deferred signal
 _STARTS_LOCK = threading.Lock()
 
 
 def _terminate(signum: int) -> None:
     for pgid in list(_LIVE.values()):
-        if pgid:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except OSError:
-                pass
-    for top in Path(tempfile.gettempdir()).glob(f"specfold-sandbox-{os.getpid()}-*"):  # also one just made
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    for top in Path(tempfile.gettempdir()).glob(f"specfold-sandbox-{os.getpid()}-*"):
         shutil.rmtree(top, ignore_errors=True)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # die of the signal, as without the handler (no traceback)
 
 
 def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
-    """Kill every run's processes, remove the weak mode's directories, then die of the signal.
-    A run whose process is started but not yet registered is waited for (other threads), or
-    finishes registering first (the main thread, which this handler interrupted)."""
+    """Refuse new runs, let the runs being set up (directory made, process not yet registered)
+    finish that, kill every run's processes, remove the weak mode's directories, then die of the
+    signal. When it interrupted the main thread's own set-up, that set-up finishes first."""
+    _STARTS["stop"] = True
     if _STARTS["main"]:
         _STARTS["pending"] = signum
         return
@@ -400,16 +401,18 @@ def _install_sigterm_cleanup() -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
 
 
-def _start(run_id: str, cmd: list[str], **kw) -> subprocess.Popen:
-    """Popen, registered in _LIVE before a SIGTERM handler can miss it (see _on_sigterm)."""
+@contextmanager
+def _setting_up():
+    """Marks a run's set-up, from before its directory exists until its process is in _LIVE."""
     main = threading.current_thread() is threading.main_thread()
     with _STARTS_LOCK:
+        if _STARTS["stop"]:
+            raise SandboxUnavailable("the harness is terminating (SIGTERM): no new sandboxed run")
         _STARTS["n"] += 1
-    _STARTS["main"] = _STARTS["main"] or main
+    if main:
+        _STARTS["main"] = True
     try:
-        proc = subprocess.Popen(cmd, **kw)
-        _LIVE[run_id] = proc.pid
-        return proc
+        yield
     finally:
         with _STARTS_LOCK:
             _STARTS["n"] -= 1
@@ -474,19 +477,23 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
     name, weak = backend()
     _install_sigterm_cleanup()
     run_id = f"specfold-run-{secrets.token_hex(8)}"
-    top = Path(tempfile.mkdtemp(prefix=f"specfold-sandbox-{os.getpid()}-")) if weak is not None else None
-    token = secrets.token_hex(16).encode()
-    tok_r, tok_w = os.pipe()
-    res_r, res_w = os.pipe()
-    os.write(tok_w, token + b"\n")
-    os.close(tok_w)
-    info_r, info_w = os.pipe() if weak is None else (None, None)
-    fds = {"token_fd": tok_r, "result_fd": res_w, "info_fd": info_w}
-    keep = [tok_r, res_w] + ([info_w] if info_w is not None else [])
-    channel = _Channel(res_r)
-    rc, timed_out, t0 = None, False, time.perf_counter()
-    out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    setup = ExitStack()
+    setup.enter_context(_setting_up())
+    top, keep, info_r, res_r, channel, out, err = None, [], None, None, None, None, None
     try:
+        if weak is not None:
+            top = Path(tempfile.mkdtemp(prefix=f"specfold-sandbox-{os.getpid()}-"))
+        token = secrets.token_hex(16).encode()
+        tok_r, tok_w = os.pipe()
+        res_r, res_w = os.pipe()
+        os.write(tok_w, token + b"\n")
+        os.close(tok_w)
+        info_r, info_w = os.pipe() if weak is None else (None, None)
+        fds = {"token_fd": tok_r, "result_fd": res_w, "info_fd": info_w}
+        keep += [tok_r, res_w] + ([info_w] if info_w is not None else [])
+        channel = _Channel(res_r)
+        rc, timed_out, t0 = None, False, time.perf_counter()
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         if weak is None:
             cmd, cwd, env, user = _bwrap_command(run_id, source.encode("utf-8"), limits, fds, keep), "/", {}, None
         else:
@@ -496,12 +503,14 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "SPECFOLD_RUN": run_id}
         channel.start()
         try:
-            proc = _start(run_id, cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                          start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                    start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
+            _LIVE[run_id] = proc.pid
         finally:
             for fd in keep:
                 os.close(fd)
             keep.clear()
+            setup.close()
         try:
             rc = proc.wait(timeout=limits.timeout_s)
         except subprocess.TimeoutExpired:
@@ -521,15 +530,17 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
         status = "passed" if ok else ("timeout" if timed_out else "failed")
         return RunResult(status, rc, _tail(out), _tail(err), seconds, name, reports or ())
     finally:
+        setup.close()
         _LIVE.pop(run_id, None)
         for fd in keep:
             os.close(fd)
-        if not channel.is_alive() and channel.ident is None:
-            os.close(res_r)
+        if res_r is not None and (channel is None or channel.ident is None):
+            os.close(res_r)  # the channel thread, once started, closes it
         if info_r is not None:
             os.close(info_r)
-        out.close()
-        err.close()
+        for f in (out, err):
+            if f is not None:
+                f.close()
         if top is not None:
             shutil.rmtree(top, ignore_errors=True)
 
