@@ -22,7 +22,9 @@ class LayerWeights:
 
     Shapes: wq [Hq*D, d], wk/wv [Hkv*D, d], wo [d, Hq*D], w_gate/w_up [F, d], w_down [d, F],
     input_norm_w/post_norm_w [d], q_norm_w/k_norm_w [D] (per-head RMSNorm, Qwen3) or None.
-    ``eps`` is used for every RMSNorm of the layer.
+    ``eps`` is used for every RMSNorm of the layer. A mixture-of-experts layer (LLaDA2) has no
+    w_gate/w_up/w_down: ``moe`` is its position-wise FFN module (routed + shared experts) applied to
+    the post-attention-normed rows, ``moe(rms_norm(x, post_norm_w, eps)) -> [R, d]``.
     """
 
     input_norm_w: Tensor
@@ -37,10 +39,11 @@ class LayerWeights:
     k_norm_w: Tensor | None
     wo: Tensor
     post_norm_w: Tensor
-    w_gate: Tensor
-    w_up: Tensor
-    w_down: Tensor
+    w_gate: Tensor | None
+    w_up: Tensor | None
+    w_down: Tensor | None
     head_dim: int
+    moe: Any = None
     _fused: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -76,14 +79,17 @@ class LayerWeights:
         with torch.no_grad():
             return torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs]).detach()
 
-    def share_fused(self, wqkv: Tensor, gate_up: Tensor) -> None:
-        """Adopt weights fused elsewhere: ``wqkv`` = [wq; wk; wv] and ``gate_up`` = [w_gate; w_up],
-        of which this layer's tensors are row views (load-time fusion: no second copy)."""
+    def share_fused(self, wqkv: Tensor, gate_up: Tensor | None) -> None:
+        """Adopt weights fused elsewhere: ``wqkv`` = [wq; wk; wv] and ``gate_up`` = [w_gate; w_up]
+        (None on a MoE layer), of which this layer's tensors are row views (load-time fusion: no
+        second copy)."""
         if not (wqkv.shape[0] == sum(t.shape[0] for t in (self.wq, self.wk, self.wv))
-                and gate_up.shape[0] == self.w_gate.shape[0] + self.w_up.shape[0]):
+                and (gate_up is None) == (self.w_gate is None)
+                and (gate_up is None or gate_up.shape[0] == self.w_gate.shape[0] + self.w_up.shape[0])):
             raise ValueError("share_fused: fused shapes do not match the layer's weights")
         self._fused["qkv"] = ((self.wq, self.wk, self.wv, self.bq, self.bk, self.bv), wqkv, self._qkv_bias())
-        self._fused["gate_up"] = ((self.w_gate, self.w_up), gate_up)
+        if gate_up is not None:
+            self._fused["gate_up"] = ((self.w_gate, self.w_up), gate_up)
 
     def fused_gate_up(self) -> Tensor:
         """[w_gate; w_up] ([2F, d]), built once and cached like ``fused_qkv``."""
@@ -113,6 +119,9 @@ class LayerWeights:
         def norm_w(norm: Any) -> Tensor | None:
             return None if norm is None else norm.weight
 
+        moe = getattr(layer, "moe", None)
+        ffn = (None, None, None) if moe is not None else (layer.gate_proj.weight, layer.up_proj.weight,
+                                                           layer.down_proj.weight)
         return cls(
             input_norm_w=layer.input_norm.weight, eps=float(layer.input_norm.eps),
             wq=layer.q_proj.weight, bq=bias(layer.q_proj),
@@ -120,8 +129,7 @@ class LayerWeights:
             wv=layer.v_proj.weight, bv=bias(layer.v_proj),
             q_norm_w=norm_w(getattr(layer, "q_norm", None)), k_norm_w=norm_w(getattr(layer, "k_norm", None)),
             wo=layer.o_proj.weight, post_norm_w=layer.post_norm.weight,
-            w_gate=layer.gate_proj.weight, w_up=layer.up_proj.weight, w_down=layer.down_proj.weight,
-            head_dim=head_dim,
+            w_gate=ffn[0], w_up=ffn[1], w_down=ffn[2], head_dim=head_dim, moe=moe,
         )
 
 
@@ -147,6 +155,14 @@ class LayerFoldStats:
 
 # ----------------------------------------------------------------------------------------------
 # small helpers shared by the twins and the dense reference
+
+
+def moe_ffn(X: Tensor, rows: Tensor | None, w: LayerWeights) -> Tensor:
+    """A MoE layer's FFN output of X's `rows` (all rows when None) -> [R, d]: RMSNorm, then the
+    layer's own routed + shared experts on those rows packed (both backends: the routing and the
+    grouped expert GEMMs are the model's). Position-wise, so a row's output is its own."""
+    x = X if rows is None else X.index_select(0, rows)
+    return w.moe(rms_norm(x, w.post_norm_w, w.eps))
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor:

@@ -46,7 +46,8 @@ import torch
 from torch import Tensor
 
 from specfold.kernels.backends import get_backend
-from specfold.kernels.fold_common import GATE_EPS, LayerFoldStats, LayerWeights, check_parents, rms_norm, rotate_half
+from specfold.kernels.fold_common import (GATE_EPS, LayerFoldStats, LayerWeights, check_parents, moe_ffn, rms_norm,
+                                          rotate_half)
 from specfold.kernels.fold_torch import dense_attention, fused_qkv_rope, inherit_attention
 
 
@@ -179,6 +180,8 @@ def _nonzero(mask: Tensor, count: int) -> Tensor:
 
 
 def _ffn_all(X: Tensor, w: LayerWeights) -> Tensor:
+    if w.moe is not None:
+        return moe_ffn(X, None, w)
     x = rms_norm(X, w.post_norm_w, w.eps)
     gu = x @ w.fused_gate_up().t()
     F = w.w_gate.shape[0]
@@ -342,6 +345,8 @@ def dense_layer(
     q = q * c + rotate_half(q) * s
     k = k * c + rotate_half(k) * s
     H_mid = H + dense_attention(q, k, v, prefix_k, prefix_v, window_mask, scale) @ w.wo.t()
+    if w.moe is not None:
+        return H_mid + moe_ffn(H_mid.reshape(B1 * N, d), None, w).view(B1, N, d)
     xf = rms_norm(H_mid, w.post_norm_w, w.eps)
     ffn = (torch.nn.functional.silu(xf @ w.w_gate.t()) * (xf @ w.w_up.t())) @ w.w_down.t()
     return H_mid + ffn

@@ -16,7 +16,8 @@ Pieces (each has a Triton kernel with the same signature in ``fold_triton.py``):
                          over the prefix (all visible) and the row's own branch's window keys under M.
 - ``folded_correction``  folded row (i, n) starts from its source row's (q, m, Z, O) and swaps the
                          source branch's contributions at the keys where branch i's K/V differ.
-- ``packed_ffn``         RMSNorm + SwiGLU on the packed recomputed rows.
+- ``packed_ffn``         RMSNorm + SwiGLU on the packed recomputed rows (a MoE layer: its routed and
+                         shared experts on those rows, `fold_common.moe_ffn`).
 
 Invariants.
 - Row ids: a flat row index is ``i * N + n``. ``rows`` lists recomputed rows in increasing flat order,
@@ -50,7 +51,8 @@ import torch
 from torch import Tensor
 
 from specfold.kernels.fold_common import (  # noqa: F401 (the shared types and numerics, re-exported)
-    GATE_EPS, LayerFoldStats, LayerWeights, _safe_max, apply_rope, check_par, check_parents, rms_norm, rotate_half,
+    GATE_EPS, LayerFoldStats, LayerWeights, _safe_max, apply_rope, check_par, check_parents, moe_ffn, rms_norm,
+    rotate_half,
 )
 
 
@@ -242,7 +244,10 @@ def folded_correction(
 
 def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
     """H [B1, N, d] (after attention), rows [R] -> FFN output [R, d]:
-    down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w (one GEMM for gate and up)."""
+    down(silu(gate(x)) * up(x)), x = RMSNorm(H[rows]) * post_norm_w (one GEMM for gate and up); a MoE
+    layer runs its routed + shared experts on the packed rows (`moe_ffn`)."""
+    if w.moe is not None:
+        return moe_ffn(H.reshape(-1, H.shape[-1]), rows, w)
     x = rms_norm(H.reshape(-1, H.shape[-1]).index_select(0, rows), w.post_norm_w, w.eps)
     gu = x @ w.fused_gate_up().t()
     F = w.w_gate.shape[0]

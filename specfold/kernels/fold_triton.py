@@ -36,7 +36,7 @@ import math
 import torch
 from torch import Tensor
 
-from specfold.kernels.fold_common import GATE_EPS, LayerFoldStats, LayerWeights, check_par
+from specfold.kernels.fold_common import GATE_EPS, LayerFoldStats, LayerWeights, check_par, moe_ffn
 
 try:  # optional dependency: the module must import without triton
     import triton
@@ -471,7 +471,10 @@ def folded_correction(
 
 
 def packed_ffn(H: Tensor, rows: Tensor, w: LayerWeights) -> Tensor:
-    """H [B1, N, d], rows [R] -> down(silu(gate(x)) * up(x)) [R, d], x = RMSNorm(H[rows]) * post_norm_w."""
+    """H [B1, N, d], rows [R] -> down(silu(gate(x)) * up(x)) [R, d], x = RMSNorm(H[rows]) * post_norm_w.
+    A MoE layer falls back to the model's routed + shared experts on the packed rows (`moe_ffn`)."""
+    if w.moe is not None:
+        return moe_ffn(H.reshape(-1, H.shape[-1]), rows, w)
     _require_triton()
     B1, N, d = H.shape
     R, F = rows.shape[0], w.w_gate.shape[0]

@@ -220,9 +220,11 @@ def layer_weights(model: Transformer) -> list[LayerWeights]:
 
 
 def _fuse(layer, head_dim: int) -> LayerWeights:
+    """(A MoE layer fuses q/k/v only: its FFN is the layer's own `moe`, run on the packed rows.)"""
     fused = []
+    moe = getattr(layer, "moe", None) is not None
     with torch.no_grad():
-        for names in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        for names in (("q_proj", "k_proj", "v_proj"),) + (() if moe else (("gate_proj", "up_proj"),)):
             mods = [getattr(layer, n) for n in names]
             whole = torch.cat([m.weight for m in mods])
             off = 0
@@ -232,12 +234,12 @@ def _fuse(layer, head_dim: int) -> LayerWeights:
                 off += rows
             fused.append(whole)
     w = LayerWeights.from_layer(layer, head_dim)
-    w.share_fused(*fused)
+    w.share_fused(fused[0], None if moe else fused[1])
     return w
 
 
 def _same(w: LayerWeights, layer) -> bool:
     """Whether `w` still holds the layer's current tensors (identity, no copy)."""
     now = LayerWeights.from_layer(layer, w.head_dim)
-    return all(getattr(w, f) is getattr(now, f) for f in LayerWeights.__slots__
+    return w.moe is now.moe and all(getattr(w, f) is getattr(now, f) for f in LayerWeights.__slots__
                if isinstance(getattr(now, f), torch.Tensor))
