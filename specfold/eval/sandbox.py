@@ -506,6 +506,8 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                     start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
             _LIVE[run_id] = proc.pid
+            if getattr(_GROUP, "group", None) is not None:
+                _GROUP.group.add(proc.pid)
         finally:
             for fd in keep:
                 os.close(fd)
@@ -545,10 +547,57 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             shutil.rmtree(top, ignore_errors=True)
 
 
+class _Group:
+    """The process groups of one run_many's runs; once stopped, a run registering kills itself."""
+
+    def __init__(self) -> None:
+        self.pids: set[int] = set()
+        self.stopped = False
+
+    def add(self, pid: int) -> None:
+        self.pids.add(pid)
+        if self.stopped:  # run_many gave up after this run's set-up began: do not let it run
+            _killpg(pid)
+
+    def stop(self) -> None:
+        self.stopped = True
+        for pid in list(self.pids):
+            _killpg(pid)
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+_GROUP = threading.local()  # the _Group of the run_many whose worker thread this is
+
+
+def _run_in_group(group: _Group, source: str, limits: Limits) -> RunResult:
+    _GROUP.group = group
+    try:
+        return run_program(source, limits)
+    finally:
+        _GROUP.group = None
+
+
 def run_many(sources: list[str], limits: Limits = Limits(), workers: int = 1) -> list[RunResult]:
-    """`run_program` over many programs, `workers` at a time (results in input order)."""
+    """`run_program` over many programs, `workers` at a time (results in input order). An
+    exception in the caller's thread while it waits (KeyboardInterrupt, the CLI's SIGTERM)
+    cancels the programs not yet started and kills the running ones before it propagates."""
     _install_sigterm_cleanup()
     if workers <= 1:
         return [run_program(s, limits) for s in sources]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda s: run_program(s, limits), sources))
+    group = _Group()
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(_run_in_group, group, s, limits) for s in sources]
+        return [f.result() for f in futures]
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        group.stop()
+        raise
+    finally:
+        pool.shutdown(wait=True)
