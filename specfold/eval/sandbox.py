@@ -53,25 +53,22 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from specfold.errors import SpecfoldError
+from specfold.eval import sandbox_weak
 from specfold.eval.sandbox_fs import bwrap_mounts, runtime
+from specfold.eval.sandbox_proc import (CHILD, CHILD_SOURCE, GROUP, LIVE, SANDBOX_UID, Group, SandboxUnavailable,
+                                        as_user, install_sigterm_cleanup, memfd, setting_up, tasks_of_uid)
+from specfold.eval.sandbox_weak import Weak
 from specfold.eval.seccomp import build_filter
 
-CHILD = Path(__file__).with_name("sandbox_child.py")
-CHILD_SOURCE = CHILD.read_bytes()  # what every run executes (see Invariants)
+__all__ = ["CHILD", "Limits", "RunResult", "SandboxUnavailable", "backend", "isolation", "run_many", "run_program"]
 TAIL = 4000  # characters of stdout/stderr kept in a result
-SANDBOX_UID = 65534
 INSIDE_TOP = "/tmp/.specfold"  # read-only folder of the program and the child script (bwrap)
 CHANNEL_CAP = 32 << 20  # bytes of reports kept; more is a failure
-
-
-class SandboxUnavailable(SpecfoldError):
-    """The OS sandbox cannot run here and the weak fallback was not requested."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,15 +125,6 @@ def _bwrap_args(tmp_mb: int, run_id: str) -> list[str]:
             "--setenv", "LANG", "C.UTF-8", "--setenv", "SPECFOLD_RUN", run_id]
 
 
-def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
-
-
 def _probe_bwrap() -> str | None:
     """None when bwrap with every option we use (seccomp included) works here, else why not."""
     if shutil.which("bwrap") is None:
@@ -144,7 +132,7 @@ def _probe_bwrap() -> str | None:
     flt = build_filter()
     if flt is None:
         return f"no seccomp filter for this architecture ({os.uname().machine})"
-    fd = _memfd("seccomp", flt)
+    fd = memfd("seccomp", flt)
     try:
         cmd = [*_bwrap_args(1, "probe"), "--seccomp", str(fd), runtime().executable, "-I", "-S", "-c",
                "import os, json, socket"]
@@ -157,78 +145,6 @@ def _probe_bwrap() -> str | None:
         return f"bwrap failed to start ({e})"
     finally:
         os.close(fd)
-
-
-_WEAK_CANDIDATES = (
-    ("userns+netns+pidns", ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child"]),
-    ("netns+pidns", ["unshare", "--net", "--pid", "--fork", "--kill-child"]),
-)
-
-
-@dataclass(frozen=True)
-class Weak:
-    """How the weak mode runs here: namespaces (unshare prefix), uid, child-side layers."""
-
-    namespaces: str
-    prefix: tuple[str, ...]
-    user: int | None            # run the child as this uid (root only, when it can read the interpreter)
-    landlock: int               # Landlock ABI the child confines itself with (0: none)
-    seccomp: bool
-
-    def describe(self) -> str:
-        parts = [f"namespaces {self.namespaces}" if self.prefix else "no namespaces",
-                 f"uid {self.user}" if self.user is not None else f"uid {os.geteuid()}",
-                 f"Landlock ABI {self.landlock} (reads only the interpreter and the program, writes only its work folder)"
-                 if self.landlock else "no Landlock (the host filesystem is readable, and writable outside the Python guard)",
-                 "seccomp (no new processes)" if self.seccomp else "no seccomp (processes capped only by RLIMIT_NPROC)"]
-        return ", ".join(parts)
-
-
-def _as_user(uid: int | None) -> dict:
-    return {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
-
-
-def _weak_user() -> int | None:
-    """As root: SANDBOX_UID if it can start the interpreter and import the standard library."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        r = subprocess.run([runtime().executable, "-I", "-S", "-c", "import json, socket, asyncio, decimal"],
-                           capture_output=True, timeout=30, cwd="/", **_as_user(SANDBOX_UID))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return SANDBOX_UID if r.returncode == 0 else None
-
-
-def _weak_probe() -> Weak:
-    user = _weak_user()
-    name, prefix = "none", ()
-    if shutil.which("unshare") is not None:
-        for cand, pre in _WEAK_CANDIDATES:
-            try:
-                r = subprocess.run([*pre, runtime().executable, "-I", "-c", "pass"], capture_output=True,
-                                   timeout=10, cwd="/", **_as_user(user))
-            except (OSError, subprocess.SubprocessError):
-                continue
-            if r.returncode == 0:
-                name, prefix = cand, tuple(pre)
-                break
-    landlock, seccomp = 0, False
-    flt = build_filter()
-    fd = _memfd("seccomp", flt) if flt else -1
-    try:
-        cfg = [f"seccomp_fd={fd}", "read_paths=", "write_paths="]
-        r = subprocess.run([*prefix, runtime().executable, "-I", "-S", "-B", "-c", CHILD_SOURCE, "--probe", *cfg],
-                           capture_output=True, text=True, timeout=30, cwd="/", pass_fds=(fd,) if fd >= 0 else (),
-                           **_as_user(user))
-        words = dict(w.split("=", 1) for w in r.stdout.split() if "=" in w)
-        landlock, seccomp = int(words.get("landlock", 0)), words.get("seccomp") == "1"
-    except (OSError, subprocess.SubprocessError, ValueError):
-        pass
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    return Weak(name, prefix, user, landlock, seccomp)
 
 
 @lru_cache(maxsize=1)
@@ -247,7 +163,7 @@ def backend() -> tuple[str, Weak | None]:
         raise SandboxUnavailable(
             f"code execution needs the OS sandbox, but {why}: install bubblewrap "
             "(apt-get install bubblewrap) or set SPECFOLD_SANDBOX=weak to accept weaker containment")
-    weak = _weak_probe()
+    weak = sandbox_weak.probe()
     print(f"specfold: warning: {why}; SPECFOLD_SANDBOX=weak runs code with {weak.describe()}: scores can be "
           "forged (no mount namespace, and a program can reach its own process memory), so install bubblewrap "
           "for evaluations that count", file=sys.stderr)
@@ -257,19 +173,6 @@ def backend() -> tuple[str, Weak | None]:
 def isolation() -> str:
     """Name of the containment `run_program` uses here (raises SandboxUnavailable, see backend)."""
     return backend()[0]
-
-
-def _tasks_of_uid(uid: int) -> int:
-    """Number of tasks (threads) owned by `uid`, for a relative RLIMIT_NPROC."""
-    n = 0
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if os.stat(f"/proc/{d}").st_uid == uid:
-                    n += len(os.listdir(f"/proc/{d}/task"))
-            except OSError:
-                pass
-    return n
 
 
 def _tail(f) -> str:
@@ -364,66 +267,8 @@ def _read_info(fd: int) -> bytes:
         return b""
 
 
-# -- runs that must not outlive a SIGTERM of this process ------------------------------------------
-_LIVE: dict[str, int] = {}  # run id -> its process group (the weak mode's directories are found by name)
-_STARTS = {"n": 0, "main": False, "pending": 0, "stop": False}  # runs being set up; a deferred signal
-_STARTS_LOCK = threading.Lock()
-
-
-def _terminate(signum: int) -> None:
-    for pgid in list(_LIVE.values()):
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-    for top in Path(tempfile.gettempdir()).glob(f"specfold-sandbox-{os.getpid()}-*"):
-        shutil.rmtree(top, ignore_errors=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)  # die of the signal, as without the handler (no traceback)
-
-
-def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
-    """Refuse new runs, let the runs being set up (directory made, process not yet registered)
-    finish that, kill every run's processes, remove the weak mode's directories, then die of the
-    signal. When it interrupted the main thread's own set-up, that set-up finishes first."""
-    _STARTS["stop"] = True
-    if _STARTS["main"]:
-        _STARTS["pending"] = signum
-        return
-    deadline = time.monotonic() + 2.0
-    while _STARTS["n"] and time.monotonic() < deadline:
-        time.sleep(0.005)
-    _terminate(signum)
-
-
-def _install_sigterm_cleanup() -> None:
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-@contextmanager
-def _setting_up():
-    """Marks a run's set-up, from before its directory exists until its process is in _LIVE."""
-    main = threading.current_thread() is threading.main_thread()
-    with _STARTS_LOCK:
-        if _STARTS["stop"]:
-            raise SandboxUnavailable("the harness is terminating (SIGTERM): no new sandboxed run")
-        _STARTS["n"] += 1
-    if main:
-        _STARTS["main"] = True
-    try:
-        yield
-    finally:
-        with _STARTS_LOCK:
-            _STARTS["n"] -= 1
-        if main:
-            _STARTS["main"] = False
-            if _STARTS["pending"]:
-                _terminate(_STARTS["pending"])
-
-
 def _nproc(uid: int, limits: Limits) -> int:
-    return 0 if uid == 0 else _tasks_of_uid(uid) + limits.max_procs
+    return 0 if uid == 0 else tasks_of_uid(uid) + limits.max_procs
 
 
 def _config(limits: Limits, fds: dict, extra: dict) -> list[str]:
@@ -441,8 +286,8 @@ def _config(limits: Limits, fds: dict, extra: dict) -> list[str]:
 
 
 def _bwrap_command(run_id: str, source: bytes, limits: Limits, fds: dict, keep: list[int]) -> list[str]:
-    prog, child = _memfd("program", source), _memfd("child", CHILD_SOURCE)
-    flt = _memfd("seccomp", build_filter())
+    prog, child = memfd("program", source), memfd("child", CHILD_SOURCE)
+    flt = memfd("seccomp", build_filter())
     keep += [prog, child, flt]
     root = os.geteuid() == 0
     extra = {"drop_uid": SANDBOX_UID if root else -1, "nproc": _nproc(SANDBOX_UID if root else os.getuid(), limits)}
@@ -452,33 +297,13 @@ def _bwrap_command(run_id: str, source: bytes, limits: Limits, fds: dict, keep: 
             f"{INSIDE_TOP}/program.py", *_config(limits, fds, extra)]
 
 
-def _weak_command(weak: Weak, top: Path, source: bytes, limits: Limits, fds: dict, keep: list[int]) -> list[str]:
-    (top / "program.py").write_bytes(source)
-    (top / "child.py").write_bytes(CHILD_SOURCE)
-    work = top / "work"
-    if weak.user is not None:
-        os.chmod(top, 0o755)
-        os.chown(work, weak.user, weak.user)
-    rt = runtime()
-    extra = {"nproc": _nproc(weak.user if weak.user is not None else os.getuid(), limits), "confine": 1,
-             "landlock": weak.landlock,
-             "read_paths": os.pathsep.join([rt.executable, *rt.dirs, *{os.path.realpath(f) for f in rt.files},
-                                            str(top)]),
-             "write_paths": str(work)}
-    if weak.seccomp:
-        extra["seccomp_fd"] = _memfd("seccomp", build_filter())
-        keep.append(extra["seccomp_fd"])
-    return [*weak.prefix, rt.executable, "-I", "-S", "-B", str(top / "child.py"), str(top / "program.py"),
-            *_config(limits, fds, extra)]
-
-
 def run_program(source: str, limits: Limits = Limits()) -> RunResult:
     """Run `source` as a Python program in the sandbox (see module docstring)."""
     name, weak = backend()
-    _install_sigterm_cleanup()
+    install_sigterm_cleanup()
     run_id = f"specfold-run-{secrets.token_hex(8)}"
     setup = ExitStack()
-    setup.enter_context(_setting_up())
+    setup.enter_context(setting_up())
     top, keep, info_r, res_r, channel, out, err = None, [], None, None, None, None, None
     try:
         if weak is not None:
@@ -498,16 +323,18 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             cmd, cwd, env, user = _bwrap_command(run_id, source.encode("utf-8"), limits, fds, keep), "/", {}, None
         else:
             (top / "work").mkdir()
-            cmd = _weak_command(weak, top, source.encode("utf-8"), limits, fds, keep)
+            head, extra = sandbox_weak.command(weak, top, source.encode("utf-8"), _nproc(
+                weak.user if weak.user is not None else os.getuid(), limits), keep)
+            cmd = [*head, *_config(limits, fds, extra)]
             cwd, user = str(top / "work"), weak.user
             env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "TMPDIR": cwd, "LANG": "C.UTF-8", "SPECFOLD_RUN": run_id}
         channel.start()
         try:
             proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                    start_new_session=True, pass_fds=tuple(keep), **_as_user(user))
-            _LIVE[run_id] = proc.pid
-            if getattr(_GROUP, "group", None) is not None:
-                _GROUP.group.add(proc.pid)
+                                    start_new_session=True, pass_fds=tuple(keep), **as_user(user))
+            LIVE[run_id] = proc.pid
+            if getattr(GROUP, "group", None) is not None:
+                GROUP.group.add(proc.pid)
         finally:
             for fd in keep:
                 os.close(fd)
@@ -533,7 +360,7 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
         return RunResult(status, rc, _tail(out), _tail(err), seconds, name, reports or ())
     finally:
         setup.close()
-        _LIVE.pop(run_id, None)
+        LIVE.pop(run_id, None)
         for fd in keep:
             os.close(fd)
         if res_r is not None and (channel is None or channel.ident is None):
@@ -547,50 +374,22 @@ def run_program(source: str, limits: Limits = Limits()) -> RunResult:
             shutil.rmtree(top, ignore_errors=True)
 
 
-class _Group:
-    """The process groups of one run_many's runs; once stopped, a run registering kills itself."""
-
-    def __init__(self) -> None:
-        self.pids: set[int] = set()
-        self.stopped = False
-
-    def add(self, pid: int) -> None:
-        self.pids.add(pid)
-        if self.stopped:  # run_many gave up after this run's set-up began: do not let it run
-            _killpg(pid)
-
-    def stop(self) -> None:
-        self.stopped = True
-        for pid in list(self.pids):
-            _killpg(pid)
-
-
-def _killpg(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
-
-
-_GROUP = threading.local()  # the _Group of the run_many whose worker thread this is
-
-
-def _run_in_group(group: _Group, source: str, limits: Limits) -> RunResult:
-    _GROUP.group = group
+def _run_in_group(group: Group, source: str, limits: Limits) -> RunResult:
+    GROUP.group = group
     try:
         return run_program(source, limits)
     finally:
-        _GROUP.group = None
+        GROUP.group = None
 
 
 def run_many(sources: list[str], limits: Limits = Limits(), workers: int = 1) -> list[RunResult]:
     """`run_program` over many programs, `workers` at a time (results in input order). An
     exception in the caller's thread while it waits (KeyboardInterrupt, the CLI's SIGTERM)
     cancels the programs not yet started and kills the running ones before it propagates."""
-    _install_sigterm_cleanup()
+    install_sigterm_cleanup()
     if workers <= 1:
         return [run_program(s, limits) for s in sources]
-    group = _Group()
+    group = Group()
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
         futures = [pool.submit(_run_in_group, group, s, limits) for s in sources]
