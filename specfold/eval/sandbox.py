@@ -116,11 +116,11 @@ def _bwrap_args(tmp_mb: int, run_id: str) -> list[str]:
     size = str(tmp_mb << 20)
     return ["bwrap", *user, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
+            "--perms", "01777", "--size", size, "--tmpfs", "/tmp",  # first: an interpreter under /tmp stays visible
             *bwrap_mounts(runtime()),
             "--perms", "0755", "--dir", "/dev", "--dev-bind", "/dev/null", "/dev/null",
             "--dev-bind", "/dev/urandom", "/dev/urandom", "--perms", "01777", "--size", size, "--tmpfs", "/dev/shm",
-            "--tmpfs", "/proc", "--perms", "01777", "--size", size, "--tmpfs", "/tmp",
-            "--perms", "01777", "--dir", "/tmp/work", "--perms", "0755", "--dir", INSIDE_TOP, "--chdir", "/tmp/work",
+            "--tmpfs", "/proc", "--perms", "01777", "--dir", "/tmp/work", "--perms", "0755", "--dir", INSIDE_TOP, "--chdir", "/tmp/work",
             "--setenv", "HOME", "/tmp/work", "--setenv", "TMPDIR", "/tmp/work", "--setenv", "PATH", "/usr/bin:/bin",
             "--setenv", "LANG", "C.UTF-8", "--setenv", "SPECFOLD_RUN", run_id]
 
