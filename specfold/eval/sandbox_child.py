@@ -1,29 +1,37 @@
-"""Child side of the code sandbox: token, limits, a Python guard, the program, then the verdict.
+"""Child side of the code sandbox: privileges, token, limits, a Python guard, the program, the verdict.
 
-Run only as a script by `sandbox.run_program` (`python -I -S -B sandbox_child.py PROGRAM KEY=VALUE...`).
-Standard library only: under `-I` the specfold package is not importable here.
+Run only as a script by `sandbox.run_program` (`python -I -S -B child.py PROGRAM KEY=VALUE...`;
+the parent passes its in-memory copy of this file). Standard library only: under `-I` the
+specfold package is not importable here, and the file must stay one self-contained script.
 
 Order of events (the invariants):
+0. as root (bubblewrap run by root): drop to `drop_uid` for good (`drop_privileges`); in the weak
+   mode: confine this process (`confine`: no new privileges, Landlock, seccomp, through ctypes,
+   which is then unloaded); both before anything of the program is read;
 1. the pass token is read from its pipe (`token_fd`) and that pipe is closed: from here on the
    token exists only as a local variable of `main`, in the main thread;
-2. resource limits (address space, CPU seconds, file size, open files, no core dumps, processes
-   when not root) with soft == hard, so the program cannot raise them back;
+2. resource limits (address space, CPU seconds, file size, open files, no core dumps, threads)
+   with soft == hard, so the program cannot raise them back;
 3. the program is compiled (a syntax error is a failure), the guard installed (see
    `install_guard`), and the program's code runs in a second thread started from C objects only
    (`_thread.start_new_thread(tuple, (itertools.chain(...),))`, see `worker_chain`): that thread
-   has no Python frame of this file, so `sys._getframe()` walks from the program end at the
-   program; the chain's last step releases a lock (`done`) only if the program's code returned;
+   has no Python frame of this file but the reporter's (`make_reporter`, whose frame holds only
+   the result fd), so `sys._getframe()` walks from the program end at the program; the chain's
+   last step releases a lock (`done`) only if the program's code returned. The program's
+   `__specfold_report__(k, value)` calls (the harness put them where the test's asserts were)
+   send `R <k> <json>` lines (`encode`: plain data only) on `result_fd`;
 4. the main thread (SIGINT ignored, so no Python signal handler runs there) blocks in C until
-   the worker's chain is over (a weakref callback in the worker thread wakes it), disables the garbage collector (no finalizer of the program runs
-   in the main thread), and only if `done` was released writes `PASS <token>` to `result_fd`.
-   Any exception (SystemExit included) or the process dying first means no verdict line, i.e. a
-   failure.
+   the worker's chain is over (a weakref callback in the worker thread wakes it), disables the
+   garbage collector (no finalizer of the program runs in the main thread), and only if `done`
+   was released writes `PASS <token>` to `result_fd`. Any exception (SystemExit included) or the
+   process dying first means no pass line, i.e. a failure.
 The program cannot read the token (not in argv, environ, any file or open fd, nor any object it
 can reach: the main thread's frame is reachable only through `sys._current_frames` and `gc`,
 which the guard removes without keeping the originals) and cannot release `done` (referenced only
-from the C chain). What stays possible is in-process subversion below Python's object model
-(raw memory reads or writes) or of the test's semantics (an object whose == is always true):
-see docs/EVAL.md. The OS layer (bubblewrap, seccomp) contains the program either way.
+from the C chain). Reported values are judged by the harness against expected values this
+process never sees, so an object whose == is always true, or a forged report, wins nothing.
+What stays possible is in-process subversion of the asserts that still run here (docs/EVAL.md
+lists them). The OS layer (bubblewrap, seccomp) contains the program either way.
 """
 import builtins
 import io
