@@ -9,7 +9,8 @@ reads next (the next sub-block), so patterns that cross the sub-block boundary a
 sub-block first steps are roots too. The path of patterns from the root is a candidate node whose
 parent is the path without its last pattern; its count is how often the trajectory followed it. A
 transition not expressible in p (a position outside p's fill order, a token beyond the top-k) ends
-the walk.
+the walk. Under a non-monotone rule (LLaDA2.1) a transition's edits are expressible too when they
+apply the edits p suggests (`graph.fillable`: ranks after the masks).
 
 Nodes are picked greedily by degree-1 accumulation: among the candidates whose parent is already in
 the graph (the root's children first), take the one with the highest count + its parent's count (the
@@ -27,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
-from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node, fill_order
+from specfold.decoding.drafts.graph import MAX_NODES, DraftGraph, Node, fill_order, fillable
 from specfold.decoding.plugins import BlockContext, DraftPolicy, Step
 from specfold.errors import ParamsError
 from specfold.models.spec import fingerprint
@@ -46,15 +47,17 @@ class _Recorder(DraftPolicy):
 
     def __init__(self):
         self.blocks: list[list[Step]] = []
+        self.edits = False  # the rule rewrites written tokens (patterns may contain edits)
 
     def on_step(self, step: Step, ctx: BlockContext) -> None:
+        self.edits = self.edits or not getattr(ctx.rule, "monotone", True)
         if ctx.step == 0:
             self.blocks.append([])
         self.blocks[-1].append(step)
 
 
-def _pattern(order: list[int], src: dict, cur: list[int], nxt: list[int], mask_id: int):
-    avail = [pos for pos in order if cur[pos] == mask_id]
+def _pattern(order: list[int], src: dict, cur: list[int], nxt: list[int], mask_id: int, edits: bool = False):
+    avail = fillable(order, src, cur, mask_id, edits)
     rank_of = {pos: r for r, pos in enumerate(avail)}
     pairs = []
     for pos in (i for i, (a, b) in enumerate(zip(cur, nxt)) if a != b):
@@ -69,7 +72,10 @@ def _pattern(order: list[int], src: dict, cur: list[int], nxt: list[int], mask_i
     return tuple(sorted(pairs)) if pairs else None
 
 
-def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_DEPTH) -> tuple[Counter, int]:
+def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_DEPTH,
+                   edits: bool = False) -> tuple[Counter, int]:
+    """Pattern paths from every root and the number of roots; `edits`: a non-monotone rule, whose
+    transitions may apply the parent's suggested edits (graph.fillable)."""
     counts: Counter = Counter()
     roots = 0
     for steps in blocks:
@@ -78,7 +84,7 @@ def count_patterns(blocks: list[list[Step]], mask_id: int, max_depth: int = MAX_
             roots += 1
             path: tuple = ()
             for k in range(t, min(len(steps), t + max_depth)):
-                pat = _pattern(order, src, steps[k].state, steps[k].next, mask_id)
+                pat = _pattern(order, src, steps[k].state, steps[k].next, mask_id, edits)
                 if pat is None:
                     break
                 path += (pat,)
@@ -141,7 +147,7 @@ def calibrate(llm, prompts: Sequence, params: DecodeParams | None = None, branch
     dec.policy = rec
     for pr in prompts:
         dec.run(llm.encode(pr, params))
-    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id, max_depth)
+    counts, roots = count_patterns(rec.blocks, llm.spec.mask_token_id, max_depth, rec.edits)
     nodes, node_counts = select(counts, roots, branches, selection, max_depth)
     rp = dec.config
     meta = {"model": fingerprint(llm.spec), "rule": rp.rule, "threshold": rp.threshold, "block_size": rp.block_size,

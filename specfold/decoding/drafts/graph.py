@@ -12,6 +12,14 @@ run past the fill order is not realized, nor are its descendants.
 Nodes are stored in selection order (parents first), so the first B nodes of a graph are a valid graph
 of B nodes. FreeDave's chain is the graph whose node j is {(0, 0)}, ..., {(k-1, 0)} under node j-1.
 
+Non-monotone rules (LLaDA2.1 edits written tokens, `Rule.monotone` False): a draft may contain edits.
+The positions a node may write (`fillable`) are the parent node's masks in fill order, then its
+written positions whose token differs from the parent step's argmax there (the edits the parent's
+scores suggest but did not pass tau_edit), in fill order. So position ranks below the mask count mean
+what they mean for a monotone rule (a chain fills the masks first, as the rule replayed on the
+parent's scores would), and the ranks after them apply suggested edits: once a block has no mask
+(its post steps), a chain's drafts are the root with the suggested edits applied one by one.
+
 JSON file: {"version": 1, "nodes": [{"parent": 0, "pairs": [[0, 0]]}, ...], "meta": {...}} where meta
 may hold `block_size` (ranks must be below it), `rule`, `counts`, `prompts`, `model` (a fingerprint).
 """
@@ -216,6 +224,7 @@ class DraftGraph:
         order, src = fill_order(parent, N if ctx.seed_token else None)
         order = [p for p in order if p < W and (p < N or allowed[p])]
         M = ctx.mask_id
+        edits = not getattr(ctx.rule, "monotone", True)
         root = list(root)
         if order and max(order) >= N:  # eager: the drafts reach into the next block
             root = root + [M] * (W - N)
@@ -226,7 +235,7 @@ class DraftGraph:
         nodes = self.nodes if limit is None else self.nodes[:limit]
         for i, n in enumerate(nodes, start=1):
             base = states[n.parent]
-            st = None if base is None else _fill(base, order, src, n.pairs, M)
+            st = None if base is None else _fill(base, order, src, n.pairs, M, edits)
             states.append(st)
             if st is None:
                 branch_of.append(-1)
@@ -241,9 +250,18 @@ class DraftGraph:
         return drafts
 
 
-def _fill(base: list[int], order: list[int], src: dict, pairs, M: int) -> list[int] | None:
+def fillable(order: list[int], src: dict, base: list[int], M: int, edits: bool = False) -> list[int]:
+    """The positions of `order` a draft may still write in `base`: its masks, then (`edits`: a
+    non-monotone rule) its written positions whose parent-step argmax differs from the token there."""
+    masks = [p for p in order if base[p] == M]
+    if not edits:
+        return masks
+    return masks + [p for p in order if base[p] != M and src[p][0].tokens[src[p][1]] != base[p]]
+
+
+def _fill(base: list[int], order: list[int], src: dict, pairs, M: int, edits: bool = False) -> list[int] | None:
     """`base` with each (position rank, vocabulary rank) pair filled; None if a rank runs past."""
-    avail = [p for p in order if base[p] == M]
+    avail = fillable(order, src, base, M, edits)
     st = list(base)
     for r, v in pairs:
         if r >= len(avail):
