@@ -61,7 +61,8 @@ from pathlib import Path
 from specfold.eval import sandbox_weak
 from specfold.eval.sandbox_fs import bwrap_mounts, runtime
 from specfold.eval.sandbox_proc import (CHILD, CHILD_SOURCE, GROUP, LIVE, SANDBOX_UID, Group, SandboxUnavailable,
-                                        as_user, install_sigterm_cleanup, memfd, setting_up, tasks_of_uid)
+                                        as_user, install_sigterm_cleanup, memfd, runs_in_flight, setting_up,
+                                        tasks_of_uid)
 from specfold.eval.sandbox_weak import Weak
 from specfold.eval.seccomp import build_filter
 
@@ -268,7 +269,9 @@ def _read_info(fd: int) -> bytes:
 
 
 def _nproc(uid: int, limits: Limits) -> int:
-    return 0 if uid == 0 else tasks_of_uid(uid) + limits.max_procs
+    """RLIMIT_NPROC for a run as `uid` (0: none, root ignores it): the uid's tasks now, the run's
+    headroom, and room for the runs of this process being started or running at the same time."""
+    return 0 if uid == 0 else tasks_of_uid(uid) + limits.max_procs + 4 * runs_in_flight()
 
 
 def _config(limits: Limits, fds: dict, extra: dict) -> list[str]:

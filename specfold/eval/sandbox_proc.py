@@ -118,6 +118,11 @@ def _on_sigterm(signum, frame) -> None:  # noqa: ANN001
     _terminate(signum)
 
 
+def runs_in_flight() -> int:
+    """Runs of this process being set up or running."""
+    return len(LIVE) + _STARTS["n"]
+
+
 def install_sigterm_cleanup() -> None:
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _on_sigterm)
