@@ -1,9 +1,9 @@
 """Engine under load (issue 10): output tokens/s and p50/p95 latency at several concurrencies, per
-method, sequential vs batched, fixed vs adaptive draft budget; memory per running request.
+method, sequential vs batched, full vs auto draft budget; memory per running request.
 
     python benchmarks/engine_load.py [--model tiny|DIR] [--methods vanilla,freedave,spiffy,specfold]
         [--concurrency 1,4,16,64] [--requests 32] [--max-new-tokens 64] [--dtype float32]
-        [--draft-rows 256] [--rule static] [--out benchmarks/results/engine_load.json]
+        [--rule static] [--out benchmarks/results/engine_load.json]
 
 Closed loop, in process: `c` clients each keep one request in the engine (a finished request is
 replaced at once by the next prompt) until `max(requests, c)` requests are done. Latency = add to
@@ -12,8 +12,8 @@ on a shared machine the wall clock also counts other jobs' time slices; wall-clo
 the JSON too (`wall_*`). Modes:
 - sequential: `max_num_seqs=1`, the other c-1 requests wait (the pre-engine behaviour: one request
   at a time behind a lock); run up to `--max-sequential` clients (beyond, only the queue grows);
-- batched: `max_num_seqs=c`, drafts as configured (fixed);
-- adaptive: batched with `adaptive_drafts=True` (speculative methods only).
+- batched: `max_num_seqs=c`, every draft of the method verified (`draft_budget=64`);
+- auto: batched with `draft_budget="auto"` (speculative methods only).
 The token match rate compares every request's tokens with the sequential run's (float32/bf16
 rounding may differ with the batch; float64 is tested exact). Memory per running request = the
 engine's tensor bytes / running requests, maximum over steps.
@@ -65,7 +65,7 @@ def config_for(llm: LLM, method: str, graph, rule: str | None) -> tuple[EngineCo
     kw = dict(METHODS[method])
     if rule == "static":
         kw["tokens_per_step"] = 1
-    cfg = EngineConfig(method=method, graph=graph, rule=rule, **kw)
+    cfg = EngineConfig(method=method, graph=graph, rule=rule, draft_budget=64, **kw)
     note = ""
     if method in ("spiffy", "specfold") and graph is None:
         try:
@@ -132,7 +132,6 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", default="1,4,16,64")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--draft-rows", type=int, default=256)
     ap.add_argument("--graph", default=None)
     ap.add_argument("--max-sequential", type=int, default=16,
                     help="run the sequential mode up to this concurrency (beyond: the same service, more queueing)")
@@ -154,7 +153,7 @@ def main(argv=None) -> int:
             if c <= a.max_sequential:
                 modes.insert(0, ("sequential", cfg.replace(max_num_seqs=1)))
             if method != "vanilla":
-                modes.append(("adaptive", cfg.replace(max_num_seqs=c, adaptive_drafts=True, draft_rows=a.draft_rows)))
+                modes.append(("auto", cfg.replace(max_num_seqs=c, draft_budget="auto")))
             for mode, mc in modes:
                 r = run(llm, mc, ps, c, a.max_new_tokens)
                 ids = r.pop("ids")
@@ -165,7 +164,7 @@ def main(argv=None) -> int:
                       f"p95 {r['p95_s']:.3f} s  {r['tokens_per_forward']:.2f} tok/fwd  "
                       f"{r['mem_per_request_kib']:.0f} KiB/req  match {r['token_match']:.2f}", flush=True)
     meta = {"model": a.model, "dtype": a.dtype, "rule": a.rule, "requests": a.requests, "max_new_tokens": a.max_new_tokens,
-            "draft_rows": a.draft_rows, "threads": a.threads, "torch": torch.__version__}
+            "threads": a.threads, "torch": torch.__version__}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
     print(markdown(rows))

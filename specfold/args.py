@@ -28,6 +28,11 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
 
 
+def draft_budget(text: str):
+    """--draft-budget: 'auto' or an integer >= 0."""
+    return text if text == "auto" else _int_at_least(text, 0, "'auto' or an integer >= 0")
+
+
 def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default="tiny", help="local HuggingFace checkpoint folder, or 'tiny'")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
@@ -65,6 +70,10 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--delta", type=float, default=0.05, help="SpecFold fold threshold (default 0.05: the sweep in BENCHMARKS.md)")
     g.add_argument("--drafts", default="spiffy", choices=["spiffy", "freedave"], help="SpecFold draft policy")
     g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
+    g.add_argument("--draft-budget", type=draft_budget, default="auto", metavar="auto|N",
+                   help="drafts a verification verifies: 'auto' (default: chosen every step from this machine's "
+                        "measured cost and the drafts' acceptance) or N >= 0 (the first N; 0 = none); tokens "
+                        "never change")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -73,17 +82,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests decoded at once")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                    help="token rows of one engine step (at least one forward always runs)")
-    g.add_argument("--adaptive-drafts", action="store_true",
-                   help="draft branches per verification shrink as more requests run (tokens never change)")
-    g.add_argument("--draft-rows", type=nonnegative_int, default=256,
-                   help="with --adaptive-drafts: the token rows drafts may use per step")
 
 
 def engine_config_from_args(a: argparse.Namespace, params):
     """The EngineConfig of `params` with the scheduler flags of `add_engine_args`."""
     config, _ = params.split()
-    return config.replace(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                          adaptive_drafts=a.adaptive_drafts, draft_rows=a.draft_rows)
+    return config.replace(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
 
 
 def params_from_args(a: argparse.Namespace):
@@ -94,7 +98,8 @@ def params_from_args(a: argparse.Namespace):
         edit_threshold=a.edit_threshold, max_post_steps=a.max_post_steps,
         max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
         chat_template=not a.no_chat_template, early_stop=not a.no_early_stop, draft_depth=a.draft_depth,
-        eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend)
+        eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend,
+        draft_budget=a.draft_budget)
 
 
 def overrides_from_args(a: argparse.Namespace) -> dict:

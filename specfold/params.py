@@ -92,9 +92,10 @@ class EngineConfig:
 
     Scheduling: at most `max_num_seqs` requests run at once and at most `max_waiting` wait (more is
     refused with `EngineFull`); one step runs forwards of at most `max_num_batched_tokens` token rows
-    (always at least one forward). `adaptive_drafts`: each request's draft branches per verification
-    = min(configured, max(0, (draft_rows - rows of the roots) // (running requests × window))), so
-    drafts use spare rows when the batch is small and vanish when it is full (tokens never change).
+    (always at least one forward). `draft_budget`: the drafts a verification verifies, "auto" (each
+    step, for each request, the drafts that maximise the step's expected committed tokens per second,
+    from a measured cost model and acceptance estimates: engine/budget.py) or an integer N >= 0 (the
+    first N of the policy's list; 0 = no drafts). Budgets change speed, never tokens.
     `cuda_graphs` (CUDA only): the runner pads every step to a bucket and replays one captured graph
     per bucket; elsewhere it only pads (the same tokens)."""
     method: str = "vanilla"
@@ -122,8 +123,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_waiting: int = 256
     max_num_batched_tokens: int = 8192
-    adaptive_drafts: bool = False
-    draft_rows: int = 256
+    draft_budget: int | str = "auto"
     buckets: bool = False  # pad each step's packed rows and KV lengths to bucket sizes
     cuda_graphs: bool = False
 
@@ -154,7 +154,12 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             _int(name, getattr(self, name), 1)
         _int("max_waiting", self.max_waiting, 0)
-        _int("draft_rows", self.draft_rows, 0)
+        if self.draft_budget != "auto":
+            if isinstance(self.draft_budget, str) and self.draft_budget.strip().isdigit():
+                self.draft_budget = int(self.draft_budget)
+            if not isinstance(self.draft_budget, int) or isinstance(self.draft_budget, bool) or self.draft_budget < 0:
+                raise ParamsError(f"draft_budget must be 'auto' or an integer >= 0 (0 = no drafts), "
+                                  f"got {self.draft_budget!r}")
 
     def replace(self, **kw) -> "EngineConfig":
         return dataclasses.replace(self, **kw)
@@ -246,6 +251,7 @@ class DecodeParams:
     delta: float = 0.05
     drafts: str = "spiffy"
     backend: str = "torch"
+    draft_budget: int | str = "auto"
 
     def __post_init__(self) -> None:
         self.split()  # validates both halves

@@ -9,6 +9,18 @@ import torch
 torch.set_num_threads(int(os.environ.get("SPECFOLD_TEST_THREADS", "1")))
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache_dir(tmp_path_factory):
+    """The engine's cost model cache (auto draft budgets) goes to a temporary folder, never ~/.cache."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """`checkpoint(kind="qwen2", peaked=0.0, **diffusion_config) -> folder`; cached per argument set.

@@ -336,8 +336,8 @@ def test_extras_table_names_every_package_of_each_extra():
 
 @needs_tiny
 def test_generate_scheduler_flags(capsys, monkeypatch):
-    """`generate --max-num-seqs/--max-num-batched-tokens/--adaptive-drafts/--draft-rows` reach the
-    engine; the outputs do not depend on them; a bad value is one line."""
+    """`generate --max-num-seqs/--max-num-batched-tokens/--draft-budget` reach the engine; the
+    outputs do not depend on them; a bad value is one line."""
     import specfold.api as api
     from specfold.cli import main
     seen = []
@@ -352,12 +352,14 @@ def test_generate_scheduler_flags(capsys, monkeypatch):
             "--method", "freedave", "--max-new-tokens", "16", "--json", "--threads", "1"]
     assert main(args) == 0
     plain = [json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines()]
-    assert main(args + ["--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--adaptive-drafts",
-                        "--draft-rows", "32"]) == 0
+    assert main(args + ["--max-num-seqs", "1", "--max-num-batched-tokens", "64", "--draft-budget", "2"]) == 0
     limited = [json.loads(x)["token_ids"] for x in capsys.readouterr().out.splitlines()]
     assert limited == plain and len(plain) == 2
     c = seen[-1]
-    assert (c.max_num_seqs, c.max_num_batched_tokens, c.adaptive_drafts, c.draft_rows, c.method) == (1, 64, True, 32, "freedave")
-    assert (seen[0].max_num_seqs, seen[0].adaptive_drafts) == (64, False)
+    assert (c.max_num_seqs, c.max_num_batched_tokens, c.draft_budget, c.method) == (1, 64, 2, "freedave")
+    assert (seen[0].max_num_seqs, seen[0].draft_budget) == (64, "auto")
     rc, err = run(capsys, "generate", "--prompt", "x", "--max-num-seqs", "0")
     assert rc == 2 and "--max-num-seqs" in err
+    for bad in ("-1", "some", "2.5"):
+        rc, err = run(capsys, "generate", "--prompt", "x", "--draft-budget", bad)
+        assert rc == 2 and "--draft-budget" in err and "'auto' or an integer >= 0" in err and len(err.splitlines()) == 1

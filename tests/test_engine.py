@@ -71,15 +71,15 @@ def test_batch_invariance(checkpoint, family, method):
     if METHODS[method].get("eager") and FAMILIES[family]["attention"] != "block_causal":
         pytest.skip("eager windows need a block-causal family")
     llm = _llm(checkpoint, family)
-    base = DecodeParams(rule="threshold", threshold=0.6, **METHODS[method])
+    base = DecodeParams(rule="threshold", threshold=0.6, draft_budget=64, **METHODS[method])
     want = _alone(llm, base, PROMPTS, MAX_NEW)
     cfg, _ = base.split()
-    for stagger, adaptive in ((0, False), (2, False), (1, True)):
-        got = _batched(llm, cfg.replace(adaptive_drafts=adaptive, draft_rows=24), PROMPTS, MAX_NEW, stagger)
+    for stagger, budget in ((0, 64), (2, 64), (1, 2), (1, "auto")):
+        got = _batched(llm, cfg.replace(draft_budget=budget), PROMPTS, MAX_NEW, stagger)
         for w, g, pr in zip(want, got, PROMPTS):
-            assert g.token_ids == w.token_ids, (stagger, adaptive, pr)
+            assert g.token_ids == w.token_ids, (stagger, budget, pr)
             assert g.finish_reason == w.finish_reason
-            if not adaptive:  # the same verifications: identical forward counts
+            if budget == 64:  # the same verifications: identical forward counts
                 assert g.stats.nfe == w.stats.nfe
 
 

@@ -51,7 +51,7 @@ def test_delta_zero_equals_dense_logits(checkpoint, kind, attention):
 @pytest.mark.parametrize("shift", [False, True])
 def test_specfold_delta_zero_is_lossless(checkpoint, drafts, rule, shift):
     llm = LLM(checkpoint("qwen2", peaked=30.0, logits_shift=shift, seed_token=shift), dtype="float64")
-    base = dict(rule=rule, block_size=8, threshold=0.5, max_new_tokens=20)
+    base = dict(rule=rule, block_size=8, threshold=0.5, max_new_tokens=20, draft_budget=64)
     for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16]):
         van = llm.generate([prompt], DecodeParams(**base))[0]
         sf = llm.generate([prompt], DecodeParams(method="specfold", drafts=drafts, delta=0.0, draft_depth=4,
@@ -68,7 +68,7 @@ def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(check
     folded verification's hidden states (no commit forward), and the prefix cache equal to vanilla's."""
     llm = LLM(checkpoint("qwen2", peaked=30.0, logits_shift=shift, seed_token=shift, block_size=8,
                          sub_block_size=4), dtype="float64")
-    base = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=32, early_stop=False)
+    base = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=32, early_stop=False, draft_budget=64)
     caches, new_cache = [], llm.model.new_cache
     llm.model.new_cache = lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1]
     reused = 0
@@ -110,7 +110,7 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
 
     # the static rule: the tiny model's drafts are accepted there (at its default threshold rule it
     # decodes most of a sub-block per forward and leaves little to draft, see BENCHMARKS.md)
-    base = dict(rule="static", tokens_per_step=1, chat_template=True, max_new_tokens=96)
+    base = dict(rule="static", tokens_per_step=1, chat_template=True, max_new_tokens=96, draft_budget=64)
     van = llm.generate(qs, DecodeParams(**base))
     sf = llm.generate(qs, DecodeParams(method="specfold", delta=0.1, **base))
     assert abs(acc(sf) - acc(van)) <= 0.01 + 1e-9

@@ -67,7 +67,7 @@ SETTINGS = ([dict(method="freedave", draft_depth=d) for d in (1, 3, 8)]
 @pytest.mark.parametrize("name", list(MODELS))
 def test_lossless_random(checkpoint, name, rule):
     llm = _llm(checkpoint, name)
-    base = DecodeParams(rule=rule, max_new_tokens=16, **RULES[rule])
+    base = DecodeParams(draft_budget=64, rule=rule, max_new_tokens=16, **RULES[rule])
     _check(llm, base, SETTINGS)
 
 
@@ -78,7 +78,7 @@ def test_lossless_peaked_and_drafts_accepted(checkpoint, name):
     argmax chain rarely survives there: only the best setting must save forwards.)"""
     llm = _llm(checkpoint, name, peaked=30.0)
     for rule in RULES:
-        base = DecodeParams(rule=rule, max_new_tokens=24, early_stop=False, **RULES[rule])
+        base = DecodeParams(draft_budget=64, rule=rule, max_new_tokens=24, early_stop=False, **RULES[rule])
         settings = ([dict(method="freedave", draft_depth=d) for d in (2, 8)]
                     + [dict(method="freedave", draft_depth=8, eager=True)]
                     + [dict(method="spiffy", branches=b, graph=MIXED) for b in (2, 7)]
@@ -93,7 +93,7 @@ def test_lossless_peaked_and_drafts_accepted(checkpoint, name):
 
 def test_all_depths_and_branches(checkpoint):
     llm = _llm(checkpoint, "bc", peaked=30.0)
-    base = DecodeParams(rule="threshold", threshold=0.6, max_new_tokens=16, early_stop=False)
+    base = DecodeParams(draft_budget=64, rule="threshold", threshold=0.6, max_new_tokens=16, early_stop=False)
     _check(llm, base, [dict(method="freedave", draft_depth=d, eager=e) for d in range(1, 9) for e in (False, True)]
            + [dict(method="spiffy", branches=b, graph=MIXED) for b in range(1, 9)], prompts=PROMPTS[:2])
 
@@ -102,21 +102,21 @@ def test_static_k2_and_dynamic_rules(checkpoint):
     llm = _llm(checkpoint, "bc_shift", peaked=30.0)
     for rule, kw in (("static", dict(tokens_per_step=2)), ("dynamic", dict(tokens_per_step=2, threshold=0.6)),
                      ("llada", dict(steps=4))):
-        base = DecodeParams(rule=rule, max_new_tokens=16, **kw)
+        base = DecodeParams(draft_budget=64, rule=rule, max_new_tokens=16, **kw)
         _check(llm, base, [dict(method="freedave", draft_depth=4), dict(method="spiffy", branches=4, graph=MIXED)],
                prompts=PROMPTS[:2])
 
 
 def test_temperature_lossless_for_fixed_seed(checkpoint):
     llm = _llm(checkpoint, "bc", peaked=3.0)
-    base = DecodeParams(rule="threshold", threshold=0.6, temperature=0.7, seed=3, max_new_tokens=16)
+    base = DecodeParams(draft_budget=64, rule="threshold", threshold=0.6, temperature=0.7, seed=3, max_new_tokens=16)
     _check(llm, base, [dict(method="freedave", draft_depth=8), dict(method="spiffy", branches=8, graph=MIXED)],
            prompts=PROMPTS[:2])
 
 
 def test_calibrated_graph_lossless_and_saves_forwards(checkpoint, tmp_path):
     llm = _llm(checkpoint, "bc", peaked=30.0)
-    base = DecodeParams(rule="threshold", threshold=0.6, max_new_tokens=24, early_stop=False)
+    base = DecodeParams(draft_budget=64, rule="threshold", threshold=0.6, max_new_tokens=24, early_stop=False)
     g = torch.Generator().manual_seed(0)
     cal = [torch.randint(0, 90, (int(n),), generator=g).tolist() for n in torch.randint(3, 20, (8,), generator=g)]
     graph = calibrate(llm, cal, base, branches=7)
@@ -153,7 +153,7 @@ def test_drafts_cross_the_sub_block_boundary(checkpoint, name, tmp_path):
     stays lossless (its forward count against the stopped drafts depends on the graph, so only the
     chains' is asserted)."""
     llm = _llm(checkpoint, name, peaked=30.0)
-    base = DecodeParams(rule="sub_block", threshold=0.999, max_new_tokens=32, early_stop=False)
+    base = DecodeParams(draft_budget=64, rule="sub_block", threshold=0.999, max_new_tokens=32, early_stop=False)
     prompts = PROMPTS
     van = [llm.decoder(base).run(llm.encode(pr, base)) for pr in prompts]
     cal = [[40 + i, 41, 42 + i] for i in range(6)]
@@ -186,7 +186,7 @@ def test_drafts_cross_the_sub_block_boundary(checkpoint, name, tmp_path):
 
 def test_stats_fields(checkpoint):
     llm = _llm(checkpoint, "bc", peaked=30.0)
-    out = llm.generate([PROMPTS[0]], DecodeParams(rule="static", method="freedave", draft_depth=8,
+    out = llm.generate([PROMPTS[0]], DecodeParams(draft_budget=64, rule="static", method="freedave", draft_depth=8,
                                                   max_new_tokens=16, early_stop=False))[0]
     ex = out.stats.extra
     assert out.stats.verify_forwards > 0
@@ -258,12 +258,18 @@ class _Poison:
 
     def verify_many(self, forwards):
         out = self.inner.verify_many(forwards)
-        for r in out:
-            if r.logits.shape[0] > 1:
-                g = torch.Generator().manual_seed(7)
-                r.logits = r.logits.clone()
+        for f, r in zip(forwards, out):
+            B, T = f.tokens.shape
+            if B == 1:
+                continue
+            g = torch.Generator().manual_seed(7)
+            r.logits = r.logits.clone()
+            if f.head_rows is not None:  # each branch's own rows (flat b*T + t): poison b >= 1
+                bad = f.head_rows >= T
+                r.logits[0, bad] = torch.randn(r.logits[0, bad].shape, generator=g, dtype=r.logits.dtype) * 50
+            else:
                 r.logits[1:] = torch.randn(r.logits[1:].shape, generator=g, dtype=r.logits.dtype) * 50
-                self.poisoned += r.logits.shape[0] - 1
+            self.poisoned += B - 1
         return out
 
 
@@ -271,7 +277,7 @@ class _Poison:
 @pytest.mark.parametrize("name", ["bc_shift", "bi"])
 def test_advance_reads_only_the_exact_states_logits(checkpoint, name, rule):
     llm = _llm(checkpoint, name, peaked=30.0)
-    p = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=16, early_stop=False)
+    p = DecodeParams(draft_budget=64, rule=rule, threshold=0.6, max_new_tokens=16, early_stop=False)
     rec = _Recorder()
     dec = llm.decoder(p)
     dec.policy = rec
@@ -298,7 +304,7 @@ def test_lossless_tiny_model():
     rows = [json.loads(x) for x in (TINY / "heldout.jsonl").read_text().splitlines()[:3]]
     prompts = [r["question"] for r in rows]
     for rule, kw in (("static", {}), ("sub_block", {}), ("threshold", {"threshold": 0.9})):
-        base = DecodeParams(rule=rule, max_new_tokens=48, chat_template=True, **kw)
+        base = DecodeParams(draft_budget=64, rule=rule, max_new_tokens=48, chat_template=True, **kw)
         settings = [dict(method="freedave", draft_depth=8), dict(method="freedave", draft_depth=8, eager=True),
                     dict(method="spiffy", branches=7, graph=MIXED), dict(method="spiffy", branches=7)]
         _check(llm, base, settings, prompts)  # the last one uses the shipped default graph
@@ -318,7 +324,7 @@ def test_eager_commit_reuses_exact_kv(checkpoint, name):
         return caches[-1]
 
     llm.model.new_cache = spy
-    base = DecodeParams(rule="static", max_new_tokens=40, early_stop=False)
+    base = DecodeParams(draft_budget=64, rule="static", max_new_tokens=40, early_stop=False)
     reused = 0
     try:
         for prompt in PROMPTS:

@@ -37,7 +37,7 @@ def _compare(src: LLM, wide: LLM, prompts, base: dict, methods=METHODS) -> bool:
     layer_source = json.loads((wide.path / "config.json").read_text())["widened_from"]["layers"]
     folded_somewhere = False
     for name, kw in methods.items():
-        params = DecodeParams(**base, **kw)
+        params = DecodeParams(**base, **kw, draft_budget=64)  # the same drafts on both (auto may differ by cost)
         for a, b in zip(src.generate(prompts, params), wide.generate(prompts, params)):
             assert b.token_ids == a.token_ids, name
             assert b.stats.nfe == a.stats.nfe, name

@@ -1,8 +1,10 @@
 """`Job`: one forward a program asks for, in host data; `JobResult`: what comes back, in host data.
 
 The seam between the programs and the engine. A program says what it needs with plain Python lists
-(branch tokens, the window's first absolute position, a mask description, the window indices where
-the head runs, what to read from the logits) and gets back host values (`readout.Row`s). The runner
+(branch tokens, the window's first absolute position, a mask description, where the head runs: the
+same window indices for every branch (`logits_at`) or each branch's own rows (`rows_at`, flat
+indices b·T + t, so a branch pays the head only for the positions its own scores are read at),
+what to read from the logits) and gets back host values (`readout.Row`s). The runner
 (engine/runner.py) turns every job of a step into device tensors with one host-to-device copy, runs
 them in one packed model call, computes every read on the device and copies them back at once.
 
@@ -30,11 +32,12 @@ class Job:
     mask: tuple | None = None
     write_cache: bool = False
     logits_at: list[int] | None = None  # window indices where the head runs (None = none read)
+    rows_at: list[int] | None = None  # or per branch: flat rows b*T + t (b-major, ascending; overrides logits_at)
     head: str = "lm"
     parents: list[int] = field(default_factory=list)
     return_hidden: bool = False
     kind: str = "verify"  # "prefill" | "verify" | "commit" | "draft" | "decode" | "reuse"
-    read: Read | None = None  # what to read at every (branch, logits_at) row, b-major
+    read: Read | None = None  # what to read at every (branch, logits_at) row, b-major (or every rows_at row)
     hidden: list | None = None  # reuse jobs: per-layer hidden states [T, d] to write K/V from
 
     @property
@@ -46,10 +49,17 @@ class Job:
     def width(self) -> int:
         return len(self.tokens[0])
 
+    @property
+    def head_rows(self) -> int:
+        """Rows the LM head runs on (cost model)."""
+        if self.rows_at is not None:
+            return len(self.rows_at)
+        return len(self.tokens) * len(self.logits_at or [])
+
 
 @dataclass(slots=True)
 class JobResult:
-    rows: list[Row]  # b-major over (branch, logits_at)
+    rows: list[Row]  # b-major over (branch, logits_at), or in rows_at order
     hidden: list | None = None  # device: every layer's input [B, T, d] + the final one, when asked
     stats: dict | None = None  # verifier statistics (fold counts), host ints
 

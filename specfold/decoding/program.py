@@ -34,18 +34,19 @@ semi-autoregressive block of candidates at a time.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import commit_mask, prefill_mask, window_mask
+from specfold.decoding.drafts.acceptance import Acceptance, acceptance_for
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
+from specfold.decoding.proposal import Proposal, pick
 from specfold.decoding.readout import Read, state_key
 from specfold.decoding.request import DecodeRequest
 from specfold.decoding.rules import Rule, Scored, indices, make_rule
 from specfold.decoding.store import Entry, ScoreStore
 from specfold.decoding.windows import EagerWindows, PlainWindows
-from specfold.models.spec import ModelSpec
+from specfold.models.spec import ModelSpec, fingerprint
 from specfold.params import EngineConfig
 
 
@@ -55,7 +56,7 @@ class Verification:
     branches: list[list[int]]
     drafts: list[Draft]
     regions: list[tuple[list[list[int]], list[list[int]]]]  # per branch: (parts, aheads) index lists
-    union: list[int]
+    rows: list[dict[int, int]]  # per branch: window index -> its row in the job's read (rows_at order)
     extra: int
     read: Read
 
@@ -79,6 +80,7 @@ class BlockState:
     prelude: list[Job] = field(default_factory=list)  # jobs to run first in the next step (reuse)
     reuse: list | None = None  # hidden rows of a reused commit that must read a seed token
     verification: Verification | None = None
+    proposal: Proposal | None = None  # the current state's proposal (propose/plan may be called again)
     seen: dict = field(default_factory=dict)  # non-monotone rules: block state -> its Entry (this block's)
 
 
@@ -94,6 +96,16 @@ class BlockProgram:
         self._rules: dict[tuple, Rule] = {}
         eager = bool(config.eager) and spec.attention == "block_causal" and spec.uses_cache
         self.windows = EagerWindows(getattr(verifier, "returns_hidden", False)) if eager else PlainWindows()
+        self.acceptance = self._acceptance() if self._max_drafts() else None
+
+    def _acceptance(self) -> Acceptance:
+        """The process-wide acceptance estimates of this model, rule and draft policy."""
+        c, graph = self.config, getattr(self.policy, "graph", None)
+        nodes = tuple((n.parent, n.pairs) for n in graph.nodes) if graph is not None else ()
+        key = (fingerprint(self.spec), c.rule, c.block_size, c.sub_block_size, c.tokens_per_step, c.threshold,
+               c.confidence, c.steps, bool(c.eager), self.policy.name, nodes)
+        static = c.rule == "static" and c.tokens_per_step is not None
+        return acceptance_for(key, graph, float(c.tokens_per_step) if static else 2.0, static)
 
     def rule(self, req: DecodeRequest) -> Rule:
         c = req.config
@@ -123,7 +135,21 @@ class BlockProgram:
         if pre == 0:
             self._new_block(req, st)
 
+    def propose(self, req: DecodeRequest) -> Proposal | None:
+        """The verification this request needs now, before its drafts are chosen (None: it does not
+        verify this step). Pure: the same proposal until `update`."""
+        st: BlockState = req.state
+        if st is None or st.phase != "denoise":
+            return None
+        key = (st.start, st.ctx.step, tuple(st.tokens))
+        if st.proposal is not None and st.proposal.key == key:
+            return st.proposal
+        st.proposal = self._propose(req, st, key)
+        return st.proposal
+
     def plan(self, req: DecodeRequest) -> list[Job]:
+        """This step's jobs; a verification verifies the drafts `req.draft_pick` names (indices into
+        its proposal's drafts, closed under parents; None = all of them)."""
         st: BlockState = req.state
         jobs = list(st.prelude)
         if st.phase == "done":
@@ -131,7 +157,7 @@ class BlockProgram:
         if st.phase == "prefill":
             jobs.append(self._prefill_job(req, st))
         elif st.phase == "denoise":
-            jobs.append(self._verify_job(req, st))
+            jobs.append(self._verify_job(req, st, self.propose(req)))
         elif st.phase == "commit":
             jobs.append(self._commit_job(req, st))
         else:  # "reuse": a reused commit whose seed token must be read
@@ -258,9 +284,13 @@ class BlockProgram:
                 cnt.reused_states += 1
                 if entry.node >= 0:
                     cnt.node_hits[entry.node] += 1
+                    if self.acceptance is not None:
+                        self.acceptance.hit(entry.node)
             st.fresh = False
             region = rule.region(rule.candidates(st.tokens, allowed, self.M), ctx.block_origin)
             nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
+            if self.acceptance is not None:
+                self.acceptance.step(sum(1 for a, b in zip(st.tokens, nxt) if a != b))
             st.parent = Step(st.tokens, entry.scored, nxt, region, entry.ahead)
             self.policy.on_step(st.parent, ctx)
             st.tokens = nxt
@@ -294,9 +324,9 @@ class BlockProgram:
         return Job([list(st.tokens)], st.start, req.cache, kind="reuse", hidden=hidden, head=self.head,
                    read=Read() if read else None)
 
-    def _verify_job(self, req: DecodeRequest, st: BlockState) -> Job:
-        """[root] + drafts in one batched forward over the window (the block, or the block and later
-        blocks in eager mode)."""
+    def _propose(self, req: DecodeRequest, st: BlockState, key: tuple) -> Proposal:
+        """[root] + the policy's drafts over the window (the block, or the block and later blocks in
+        eager mode), drafts made lazily."""
         ctx, state = st.ctx, st.tokens
         N = len(state)
         masked = sum(1 for t, a in zip(state, ctx.allowed) if a and t == self.M)
@@ -305,29 +335,62 @@ class BlockProgram:
         ctx.width, ctx.window_allowed = W, ctx.allowed
         if extra:
             ctx.window_allowed = ctx.allowed + [ctx.start + i < req.limit for i in range(N, W)]
-        t0 = time.perf_counter()
-        drafts = self.policy.drafts(state, st.parent, ctx)
-        if req.draft_budget is not None:
-            drafts = drafts[: max(0, req.draft_budget)]
-        req.counters.draft_seconds += time.perf_counter() - t0
+        allowed = [i for i, a in enumerate(ctx.window_allowed) if a]
+        ahead = self.policy.reads_ahead or extra > 0
+        root_rows = len(self._need(self._regions(_pad(state, W, self.M), ctx, N, extra, ahead)))
+        parent = st.parent
+        nodes = self._max_drafts() if parent is not None else 0
+        return Proposal(key, W, ctx.start if self.spec.uses_cache else 0, root_rows, masked, extra, nodes,
+                        make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M)
+
+    def draft_tree(self) -> list[int] | None:
+        """The parent of each draft node the policy may propose (0 = the root, i = node i), in list
+        order; None for a policy without a graph."""
+        graph = getattr(self.policy, "graph", None)
+        return None if graph is None else [n.parent for n in graph.nodes]
+
+    def _max_drafts(self) -> int:
+        """Drafts the policy proposes at most (its graph's nodes; 64 for a policy without a graph)."""
+        if type(self.policy).drafts is DraftPolicy.drafts:
+            return 0
+        graph = getattr(self.policy, "graph", False)
+        return len(graph) if graph is not False and graph is not None else (0 if graph is None else 64)
+
+    @staticmethod
+    def _need(region: tuple[list[list[int]], list[list[int]]]) -> list[int]:
+        """The window indices one branch's scores are read at: its rule regions and look-aheads."""
+        parts, aheads = region
+        return sorted({i for r in parts + aheads for i in r})
+
+    def _verify_job(self, req: DecodeRequest, st: BlockState, prop: Proposal) -> Job:
+        """[root] + the picked drafts in one batched forward; the head runs only on each branch's own
+        rows (its rule region and look-ahead), never on rows only another branch reads."""
+        ctx, state = st.ctx, st.tokens
+        N, W, extra = len(state), prop.width, prop.extra
+        drafts = pick(prop.drafts, req.draft_pick) if prop.nodes and req.draft_pick != [] else []
+        req.counters.draft_seconds += prop.seconds
+        prop.seconds = 0.0
         branches = [_pad(state, W, self.M)] + [_pad(d.tokens, W, self.M) for d in drafts]
         ahead = self.policy.reads_ahead or extra > 0
         regions = [self._regions(b, ctx, N, extra, ahead) for b in branches]
-        union = sorted({i for parts, aheads in regions for r in parts + aheads for i in r})
         shift = 1 if self.spec.logits_shift else 0
-        read = self._read(req, ctx, branches, union, N)
-        st.verification = Verification(branches, drafts, regions, union, extra, read)
-        mask = st.mask
-        return Job(branches, ctx.start, req.cache, mask, logits_at=[u - shift for u in union],
+        rows_at, rows = [], []
+        for b, region in enumerate(regions):
+            need = self._need(region)
+            rows.append({u: len(rows_at) + i for i, u in enumerate(need)})
+            rows_at += [b * W + u - shift for u in need]
+        read = self._read(req, ctx, branches, rows, N)
+        st.verification = Verification(branches, drafts, regions, rows, extra, read)
+        return Job(branches, ctx.start, req.cache, st.mask, rows_at=rows_at,
                    parents=[-1] + [d.parent for d in drafts], return_hidden=self.windows.wants_hidden,
                    kind="verify", read=read)
 
-    def _read(self, req, ctx, branches, union, N) -> Read:
+    def _read(self, req, ctx, branches, rows, N) -> Read:
         c, T = req.config, req.params.temperature
         keys = None
         if T > 0:  # noise keyed by each row's exact block state (lossless at any temperature)
             keys = [state_key(req.seed, ctx.start + (u // N) * N, b[(u // N) * N: (u // N + 1) * N], ctx.start + u)
-                    for b in branches for u in union]
+                    for b, need in zip(branches, rows) for u in need]
         return Read(kind=c.confidence, temperature=T, topk=self.policy.topk, keys=keys)
 
     def _regions(self, toks: list[int], ctx: BlockContext, N: int, extra: int,
@@ -363,24 +426,25 @@ class BlockProgram:
         cnt.eager_windows += int(v.extra > 0)
         for d in v.drafts:
             cnt.node_drafts[d.node] += 1
+            if self.acceptance is not None:
+                self.acceptance.drafted(d.node)
+        cnt.budgets[len(v.drafts)] += 1
         st.store.clear(ctx.start)
         self.windows.remember(st, v.branches, res.hidden, ctx.start)
-        K = len(v.union)
-        lookup = {u: i for i, u in enumerate(v.union)}
         T = v.read.temperature > 0
         for b, (parts, aheads) in enumerate(v.regions):
-            toks = v.branches[b]
+            toks, lookup = v.branches[b], v.rows[b]
             node = -1 if b == 0 else v.drafts[b - 1].node
             for j in range(1 + v.extra):
                 # block j's scores are exact only if every earlier block of the window is complete
                 if j > 0 and self.M in toks[: j * N]:
                     break
-                rows = [res.rows[b * K + lookup[p]] for p in parts[j]]
+                rows = [res.rows[lookup[p]] for p in parts[j]]
                 scored = Scored([p - j * N for p in parts[j]], [r.token_t if T else r.token for r in rows],
                                 [r.conf_t if T else r.conf for r in rows], [r.top for r in rows] if v.read.topk else None)
                 ahead = None
                 if aheads and aheads[j]:
-                    arows = [res.rows[b * K + lookup[p]] for p in aheads[j]]
+                    arows = [res.rows[lookup[p]] for p in aheads[j]]
                     ahead = Scored([p - j * N for p in aheads[j]], [r.token for r in arows], [r.conf for r in arows],
                                    [r.top for r in arows] if v.read.topk else None)
                 st.store.put((ctx.start + j * N, tuple(toks[: (j + 1) * N])), Entry(scored, node, ahead))

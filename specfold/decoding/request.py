@@ -33,6 +33,8 @@ class Counters:
     draft_seconds: float = 0.0
     node_drafts: Counter = field(default_factory=Counter)
     node_hits: Counter = field(default_factory=Counter)
+    budgets: Counter = field(default_factory=Counter)  # drafts verified -> verifications (the chosen budgets)
+    predicted_seconds: float = 0.0  # the budget chooser's predicted time of the steps this request took part in
     fold: dict | None = None  # summed per-layer fold counters (folded verifiers only)
 
     def add_fold(self, counts: dict | None) -> None:
@@ -56,6 +58,8 @@ class Counters:
             ex[name] = getattr(self, name)
         ex["node_drafts"] = dict(sorted(self.node_drafts.items()))
         ex["node_hits"] = dict(sorted(self.node_hits.items()))
+        ex["draft_budgets"] = dict(sorted(self.budgets.items()))
+        ex["predicted_seconds"] = self.predicted_seconds
         if self.fold is not None and fold_report is not None:  # ratios are None where no draft was verified
             ex.update(fold_report(self.fold))
 
@@ -71,7 +75,8 @@ class DecodeRequest:
         self.counters = Counters()
         self.finish_reason: str | None = None
         self.output_ids: list[int] = []
-        self.draft_budget: int | None = None  # the scheduler's cap on draft branches (None = no cap)
+        self.draft_budget: int | None = None  # causal programs: the cap on alternative drafts (None = no cap)
+        self.draft_pick: list[int] | None = None  # block program: the drafts to verify this step (None = all)
         self.state = None  # the program's typed per-request state
         self.cache = None  # the request's PrefixCache (the program makes it)
 

@@ -6,9 +6,12 @@
         for d in engine.step():            # RequestDelta per request that advanced
             ...d.new_token_ids, d.text_delta, d.finished, d.output
 
-Each step: schedule (admit waiting requests, scheduler.py) -> `program.plan(req)` for every running
-request (host: the jobs it needs now) -> `runner.run(jobs)` for those that fit the row budget (one
-packed model call, one host-to-device copy, one read back) -> `program.update(req, results)` (host:
+Each step: schedule (admit waiting requests, scheduler.py) -> every request that verifies proposes
+its verification (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
+drafts of all of them at once (budget.py: a fixed N, or "auto" from the cost model and acceptance
+estimates) -> `program.plan(req)` for every running request (host: the jobs it needs now) ->
+`runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device copy,
+one read back; its host wall time refines the cost model) -> `program.update(req, results)` (host:
 rules, drafts, bookkeeping) -> a `RequestDelta` for every request that finished or produced final
 tokens. The program is the block program (decoding/program.py) or a causal one: one interface.
 
@@ -32,6 +35,7 @@ import torch
 from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
+from specfold.engine.budget import BudgetChooser
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
 from specfold.engine.scheduler import Scheduler
@@ -70,6 +74,7 @@ class Engine:
         self.program = program if program is not None else build_program(self.model, self.spec, self.config)
         self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id)
         self.scheduler = Scheduler(self.config)
+        self.budget = BudgetChooser(self.config, self.model, self.spec, self.program)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -133,15 +138,20 @@ class Engine:
         with torch.inference_mode():
             for req in self.scheduler.admit(self.waiting, self.running):
                 self.program.start(req, self.model.new_cache)
-            plans = self._plan(touched)
+            plans, predicted = self._plan(touched)
             chosen = self.scheduler.select(plans)
             jobs = [j for _, js in chosen for j in js]
             t0 = time.perf_counter()
             results = self.runner.run(jobs)
             dt = time.perf_counter() - t0
+            self.budget.observe(jobs, dt, results)
             i = 0
             for req, js in chosen:
+                for j in js:
+                    if j.kind == "verify":
+                        self.budget.record(len(j.tokens) - 1)
                 req.counters.model_seconds += dt
+                req.counters.predicted_seconds += predicted or 0.0
                 self.program.update(req, results[i: i + len(js)])
                 i += len(js)
                 touched.append(req)
@@ -154,18 +164,27 @@ class Engine:
                 deltas.append(d)
         return deltas
 
-    def _plan(self, touched: list[Request]) -> list[tuple[Request, list]]:
-        """Every running request's jobs for this step (host work: drafts); a request with none is done."""
+    def _plan(self, touched: list[Request]) -> tuple[list[tuple[Request, list]], float | None]:
+        """Every running request's jobs for this step, in two phases: the requests that verify propose
+        their verification (root + the policy's drafts, made lazily), the budget chooser picks the
+        drafts of all of them at once (engine/budget.py), then the jobs are built. A request with no
+        job is done. Returns the plans and the chooser's predicted step seconds (auto budgets)."""
+        propose = getattr(self.program, "propose", None)
+        props = [propose(req) if propose is not None else None for req in self.running]
+        base = {}
+        for req, p in zip(self.running, props):
+            if p is None or req.state.prelude:
+                base[req.id] = self.program.plan(req) if p is None else list(req.state.prelude)
+        predicted = self.budget.choose(self.running, props, [j for js in base.values() for j in js])
         out = []
-        for req in list(self.running):
-            req.draft_budget = self.scheduler.draft_budget(len(self.running), req.config.block_size or 1)
-            jobs = self.program.plan(req)
+        for req, p in zip(list(self.running), props):
+            jobs = base[req.id] if p is None else self.program.plan(req)
             if jobs:
                 out.append((req, jobs))
             else:
                 self._finish(req, req.finish_reason or "length")
                 touched.append(req)
-        return out
+        return out, predicted
 
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:

@@ -1,7 +1,8 @@
 """The model runner: the jobs of one engine step -> their host results, in one packed model call,
 one host-to-device copy and one device-to-host read.
 
-1. Every job's integer data (branch tokens, head rows) goes to the device in ONE copy (from pinned
+1. Every job's integer data (branch tokens, head rows: shared window indices or per-branch flat
+   rows) goes to the device in ONE copy (from pinned
    memory on CUDA); positions and masks are made on the device from each job's window start.
 2. With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit)
    runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
@@ -50,7 +51,7 @@ class ModelRunner:
         for j in jobs:
             for t in j.tokens:
                 flat += t
-            flat += j.logits_at or []
+            flat += (j.rows_at if j.rows_at is not None else j.logits_at) or []
         buf = torch.tensor(flat, dtype=torch.long)
         if self.device.type == "cuda":
             buf = buf.pin_memory().to(self.device, non_blocking=True)
@@ -61,13 +62,15 @@ class ModelRunner:
             B, T = len(j.tokens), j.width
             toks = buf[o: o + B * T].view(B, T)
             o += B * T
-            k = len(j.logits_at or [])
-            at = buf[o: o + k] if j.logits_at is not None else None
+            sel = j.rows_at if j.rows_at is not None else j.logits_at
+            k = len(sel or [])
+            at = buf[o: o + k] if sel is not None else None
             o += k
             pos = torch.arange(j.start, j.start + T, device=self.device)
             mask = None if is_full(j.mask, j.start, T) else build_mask(j.mask, pos)
-            out.append(Forward(toks, pos, j.cache, mask, j.write_cache, at, j.head,
-                               list(j.parents), j.return_hidden, j.kind))
+            per_branch = j.rows_at is not None
+            out.append(Forward(toks, pos, j.cache, mask, j.write_cache, None if per_branch else at, j.head,
+                               list(j.parents), j.return_hidden, j.kind, at if per_branch else None))
         return out
 
     # ------------------------------------------------------------------ the model

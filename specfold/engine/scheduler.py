@@ -1,16 +1,13 @@
-"""Scheduling: admission under `max_num_seqs`, the per-step row budget, and the adaptive draft budget.
+"""Scheduling: admission under `max_num_seqs` and the per-step row budget (draft budgets: budget.py).
 
 Rules (EngineConfig documents the knobs):
 - admission: waiting requests join in arrival order while fewer than `max_num_seqs` run; the engine
   refuses a request (`EngineFull`) when `max_num_seqs + max_waiting` are already held;
 - a step runs the pending forwards of running requests in arrival order while their token rows
   (branches × window) fit `max_num_batched_tokens`; the first always runs, so a step never stalls;
-  a request whose jobs do not fit is planned again next step (the same jobs: planning is pure);
-- adaptive drafts: with n running requests and block windows of N positions, each verification
-  gets at most max(0, (draft_rows - n·N) // (n·N)) draft branches: the roots always fit, drafts
-  only use the rows left. With `adaptive_drafts=False` there is no cap (the method's own B).
-Scheduling changes which forwards share a call and how many drafts a request verifies, never the
-tokens: rows of different forwards never interact, and drafts are lossless.
+  a request whose jobs do not fit is planned again next step (planning is pure);
+Scheduling changes which forwards share a call, never the tokens: rows of different forwards never
+interact.
 """
 from __future__ import annotations
 
@@ -35,13 +32,6 @@ class Scheduler:
             running.append(req)
             joined.append(req)
         return joined
-
-    def draft_budget(self, n_running: int, window: int) -> int | None:
-        c = self.config
-        if not c.adaptive_drafts:
-            return None
-        rows = max(1, n_running) * max(1, window)
-        return max(0, (c.draft_rows - rows) // rows)
 
     def select(self, plans: list[tuple[Request, list]]) -> list[tuple[Request, list]]:
         """The planned requests whose jobs fit the step's row budget (the first always)."""

@@ -20,12 +20,13 @@ from specfold.errors import ParamsError
 from specfold.eval.summary import REFERENCE
 
 # DecodeParams fields read only by draft policies and verifiers (vanilla has neither)
-DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "graph_depth", "delta", "drafts", "backend")
+DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "graph_depth", "delta", "drafts", "backend",
+                "draft_budget")
 # the draft fields each built-in method reads (a method not listed: all of them)
 METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     REFERENCE: (),
-    "freedave": ("draft_depth", "eager"),
-    "spiffy": ("branches", "graph", "graph_depth", "eager"),
+    "freedave": ("draft_depth", "eager", "draft_budget"),
+    "spiffy": ("branches", "graph", "graph_depth", "eager", "draft_budget"),
     "specfold": DRAFT_FIELDS,
 }
 
@@ -84,7 +85,7 @@ def _coerce(v: str, type_: str, where: str) -> Any:
             return cast(v)
         except ValueError:
             pass
-    if casts:
+    if casts and "str" not in type_:  # "int | str" (draft_budget): a word stays a word ("auto")
         raise ParamsError(f"{where}: {v!r} is not {'a number' if float in casts else 'an integer'}")
     return v
 

@@ -8,7 +8,8 @@ Invariants:
 - `tokens` [B, T] are B branches of one window of T positions that all share `cache`'s prefix;
 - `mask` [T, T] (query x key, True = may attend) restricts attention inside the window; None = full;
 - `write_cache=True` needs B == 1 and appends the window's K/V to `cache` after the forward;
-- `logits_at` (window indices) selects where the head runs; None = every position;
+- `logits_at` (window indices) selects where the head runs; None = every position; `head_rows`
+  (flat indices b·T + t) instead selects each branch's own rows: logits [1, len(head_rows), V];
 - `parents[b]` is branch b's parent inside the batch (-1 for the root): verifiers that fold use it;
 - `kind` is only for statistics and scheduling ("prefill", "verify", "commit", "draft").
 """
@@ -32,6 +33,7 @@ class Forward:
     parents: list[int] = field(default_factory=list)
     return_hidden: bool = False
     kind: str = "verify"
+    head_rows: torch.Tensor | None = None  # [n] long flat rows b*T + t (overrides logits_at)
 
     @property
     def rows(self) -> int:

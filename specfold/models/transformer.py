@@ -315,9 +315,13 @@ class Transformer(nn.Module):
                 hidden[i].append(part.view(*shapes[i], -1))
 
     def _heads_many(self, forwards, x, sizes, shapes, d, hidden) -> list[ForwardResult]:
-        """The head over the selected rows of every forward, one matmul per head kind."""
+        """The head over the selected rows of every forward (`logits_at` for every branch, or each
+        branch's own `head_rows`), one matmul per head kind."""
         sel = []
         for f, part, (B, T) in zip(forwards, x.split(sizes), shapes):
+            if f.head_rows is not None:  # each branch's own rows: [1, n, d]
+                sel.append(part.index_select(0, f.head_rows)[None])
+                continue
             xi = part.view(B, T, d)
             if f.logits_at is not None:
                 xi = xi[:, f.logits_at]

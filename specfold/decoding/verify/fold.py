@@ -90,6 +90,7 @@ class FoldStats:
             "fold_ratio_excl_layer0": ratio(self.folded[1:], self.positions[1:]),
             "fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.folded, self.positions)],
             "ffn_fold_ratio": ratio(self.ffn_folded, self.positions),
+            "ffn_fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.ffn_folded, self.positions)],
             "fold_verifications": self.verifications,
             "fold_root_only": self.root_only,
         }
@@ -190,6 +191,9 @@ class FoldVerifier:
         dev = X.device
         picks = []
         for f, sg in zip(forwards, segs):
+            if f.head_rows is not None:  # each branch's own rows (flat b·N + t)
+                picks.append(sg.offset + f.head_rows)
+                continue
             at = f.logits_at if f.logits_at is not None else torch.arange(sg.N, device=dev)
             idx = sg.offset + (torch.arange(sg.B1, device=dev)[:, None] * sg.N + at[None, :])  # at: on the model's device
             picks.append(idx.reshape(-1))
@@ -198,7 +202,8 @@ class FoldVerifier:
             sel = [i for i, f in enumerate(forwards) if f.head == kind]
             out = self.model.head(X[torch.cat([picks[i] for i in sel])], kind)
             for i, part in zip(sel, out.split([len(picks[i]) for i in sel])):
-                logits[i] = part.view(segs[i].B1, -1, part.shape[-1])
+                b = 1 if forwards[i].head_rows is not None else segs[i].B1
+                logits[i] = part.view(b, -1, part.shape[-1])
         return [ForwardResult(lg, h if f.return_hidden else None, st.counts())
                 for lg, h, f, st in zip(logits, hidden, forwards, self.last_stats)]
 

@@ -1,0 +1,122 @@
+"""Acceptance estimates of draft nodes: how likely a verified draft's state is reached by the rule.
+
+A draft node i (a Spiffy graph node; FreeDave's chain node = its depth) is *hit* in a verification
+when the main trajectory, advancing through stored states without a forward, reaches node i's state:
+that rule step then costs no forward. `p(i)` estimates P(hit | verified) per node, as a Beta
+posterior: the prior is the calibration's `hit_rate_estimate` (graph meta, the fraction of calibration
+roots whose trajectory followed node i's path) with `PRIOR_WEIGHT` pseudo-observations, or, without
+calibration (FreeDave chains), `CHAIN_PRIOR`**depth with weight `CHAIN_WEIGHT`; it is refined online
+with the hits and verifications the block program counts (`drafted`, `hit`). `optimistic(i)` adds one
+posterior standard deviation: a chooser that uses it tries a node until it knows it does not pay.
+
+`tau` is the running mean of tokens one rule step unmasks (the value of a step); for the static rule
+it is k from the start.
+
+One `Acceptance` per (model fingerprint, rule settings, policy, graph) in the process (`acceptance_for`):
+every engine built on the same model and rule shares and refines it (a `generate` call with
+DecodeParams builds a new engine). Host only: plain floats, updated with counts the program already
+keeps; estimates change which drafts are verified, never tokens.
+"""
+from __future__ import annotations
+
+import math
+import threading
+
+PRIOR_WEIGHT = 8.0  # pseudo-verifications behind a calibrated node's prior
+CHAIN_PRIOR, CHAIN_WEIGHT = 0.5, 2.0  # an uncalibrated chain node at depth d: 0.5**d, 2 pseudo-counts
+DEFAULT_PRIOR = 0.2  # an uncalibrated graph node
+TAU_WEIGHT = 32.0  # rule steps behind the initial tokens-per-step guess
+
+
+class Acceptance:
+    def __init__(self, priors: dict[int, tuple[float, float]] | None = None, tau: float = 1.0,
+                 tau_fixed: bool = False, default: tuple[float, float] = (DEFAULT_PRIOR, CHAIN_WEIGHT)):
+        """`priors`: node -> (prior hit rate, pseudo-count weight)."""
+        self.priors = dict(priors or {})
+        self.default = default
+        self.hits: dict[int, float] = {}
+        self.tries: dict[int, float] = {}
+        self.tau_fixed = tau_fixed
+        self._tau_tokens, self._tau_steps = tau * TAU_WEIGHT, TAU_WEIGHT
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ estimates
+    def _ab(self, node: int) -> tuple[float, float]:
+        p, w = self.priors.get(node, self.default)
+        h, n = self.hits.get(node, 0.0), self.tries.get(node, 0.0)
+        return p * w + h, (1.0 - p) * w + (n - h)
+
+    def p(self, node: int) -> float:
+        a, b = self._ab(node)
+        return a / (a + b) if a + b > 0 else 0.0
+
+    def optimistic(self, node: int) -> float:
+        a, b = self._ab(node)
+        n = a + b
+        if n <= 0:
+            return 1.0
+        m = a / n
+        return min(1.0, m + math.sqrt(m * (1.0 - m) / (n + 1.0)))
+
+    def observed(self, node: int) -> tuple[int, int]:
+        """(hits, verifications) counted online for `node`."""
+        return int(self.hits.get(node, 0)), int(self.tries.get(node, 0))
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens one rule step unmasks."""
+        return self._tau_tokens / self._tau_steps
+
+    # ------------------------------------------------------------------ online counts
+    def drafted(self, node: int) -> None:
+        with self._lock:
+            self.tries[node] = self.tries.get(node, 0.0) + 1.0
+
+    def hit(self, node: int) -> None:
+        with self._lock:
+            self.hits[node] = self.hits.get(node, 0.0) + 1.0
+
+    def step(self, tokens: int) -> None:
+        """One rule step of a main trajectory unmasked `tokens` positions."""
+        if not self.tau_fixed:
+            self._tau_tokens += tokens
+            self._tau_steps += 1.0
+
+    def report(self) -> dict:
+        """Per node: prior, online hits / verifications and the current estimate."""
+        nodes = sorted(set(self.priors) | set(self.tries))
+        return {"tau": self.tau,
+                "nodes": {n: {"prior": self.priors.get(n, self.default)[0], "hits": self.observed(n)[0],
+                              "verified": self.observed(n)[1], "p": self.p(n)} for n in nodes}}
+
+
+def graph_priors(graph) -> dict[int, tuple[float, float]]:
+    """Node -> (prior, weight) from a draft graph: the calibration's hit rates where the meta has one
+    per node, else 0.5**depth for a chain (FreeDave) and DEFAULT_PRIOR for other nodes."""
+    if graph is None:
+        return {}
+    est = graph.meta.get("hit_rate_estimate")
+    if isinstance(est, list) and len(est) >= len(graph):
+        return {i: (min(1.0, max(0.0, float(p))), PRIOR_WEIGHT) for i, p in enumerate(est[: len(graph)], start=1)}
+    if graph.meta.get("kind") == "chain":
+        return {i: (CHAIN_PRIOR ** d, CHAIN_WEIGHT) for i, d in enumerate(graph.depths(), start=1)}
+    return {}
+
+
+_REGISTRY: dict[tuple, Acceptance] = {}
+_REG_LOCK = threading.Lock()
+
+
+def acceptance_for(key: tuple, graph, tau: float, tau_fixed: bool) -> Acceptance:
+    """The process's one `Acceptance` for `key` (made from the graph's priors on first use)."""
+    with _REG_LOCK:
+        acc = _REGISTRY.get(key)
+        if acc is None:
+            acc = _REGISTRY[key] = Acceptance(graph_priors(graph), tau, tau_fixed)
+        return acc
+
+
+def reset_registry() -> None:
+    """Forget every online estimate (tests and benchmarks that need a cold start)."""
+    with _REG_LOCK:
+        _REGISTRY.clear()

@@ -1,0 +1,83 @@
+"""`Proposal`: one verification before its drafts are chosen (host data), and `pick` (a closed subset).
+
+Each engine step works in two phases. Every request that must verify proposes its verification: the
+root (its window, prefix length, head rows, the masks its rule may fill) and the policy's full list
+of drafts, computed lazily (`Proposal.drafts`) so that a chooser that wants none never pays for
+drafting. The engine's chooser (engine/budget.py) then picks, for each request, which drafts to
+verify, and only then are the jobs built (`BlockProgram.plan`).
+
+Invariants:
+- a proposal reads the request's state and changes nothing but its own cache: calling `propose` and
+  `plan` again before `update` gives the same verification;
+- a pick is closed under parents (a draft's parent branch is picked too, or is the root), so any
+  prefix of the policy's list is a valid pick; `pick` renumbers the parents into the new list;
+- drafts change speed, never tokens: every lossless method gives vanilla's tokens for any pick.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from specfold.decoding.plugins import Draft
+
+
+@dataclass
+class Proposal:
+    """What a verification costs and may gain, before its drafts are chosen."""
+    key: tuple  # the exact state it was made for (plan checks it still holds)
+    width: int  # window positions (token rows per branch)
+    kv: int  # prefix positions every row attends to (cache length)
+    root_rows: int  # head rows of the root branch
+    masked: int  # masks the rule may still fill in the current block (root)
+    extra: int  # eager: later blocks in the window
+    nodes: int  # drafts the policy may propose at most (0: none, `drafts` is not computed)
+    make: object = None  # () -> list[Draft]: the policy's drafts (called once, on first use)
+    allowed: list[int] = field(default_factory=list)  # window indices the current block's rule may fill
+    mask_id: int = -1
+    seconds: float = 0.0  # host time spent drafting
+    _drafts: list[Draft] | None = field(default=None, repr=False)
+    _masks: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def drafts(self) -> list[Draft]:
+        """The policy's full list (parents first), made on first use."""
+        if self._drafts is None:
+            t0 = time.perf_counter()
+            self._drafts = self.make() if (self.make is not None and self.nodes) else []
+            self.seconds += time.perf_counter() - t0
+        return self._drafts
+
+    @property
+    def computed(self) -> bool:
+        return self._drafts is not None
+
+    def masks_left(self) -> list[int]:
+        """Per draft: the masks its state leaves for the rule in the current block (0: the block is
+        complete in that state, so reaching it saves no rule step of this block)."""
+        if self._masks is None:
+            M, idx = self.mask_id, self.allowed
+            self._masks = [sum(1 for i in idx if i >= len(d.tokens) or d.tokens[i] == M)  # short: padded with M
+                           for d in self.drafts]
+        return self._masks
+
+
+def pick(drafts: list[Draft], chosen: list[int] | None) -> list[Draft]:
+    """The drafts at `chosen` (indices into `drafts`, ascending), with parents renumbered; None = all.
+    Raises ValueError when a chosen draft's parent branch is not chosen (the pick is not closed)."""
+    if chosen is None:
+        return list(drafts)
+    new = {0: 0}  # old branch index (0 = root, i = drafts[i-1]) -> new branch index
+    out = []
+    for i in chosen:
+        d = drafts[i]
+        if d.parent not in new:
+            raise ValueError(f"draft {i}'s parent branch {d.parent} is not in the pick {chosen}")
+        out.append(Draft(d.tokens, new[d.parent], d.node))
+        new[i + 1] = len(out)
+    return out
+
+
+def closed(drafts: list[Draft], chosen) -> bool:
+    """Whether `chosen` (indices) is closed under parents."""
+    have = {0} | {i + 1 for i in chosen}
+    return all(drafts[i].parent in have for i in chosen)

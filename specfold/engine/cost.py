@@ -1,0 +1,323 @@
+"""The cost model of this machine: predicted seconds of one engine step's packed model call.
+
+A step is described by its `Shape` (host integers, known before the step runs):
+- `rows`: token rows whose layers are computed: every row of a dense forward; for a folded
+  verification the root's rows plus (1 - ρ) of its draft rows, ρ the running fold ratio;
+- `attn`: the attention work, Σ over forwards of rows × (prefix length + window);
+- `head`: rows the LM head runs on (and the read of their logits);
+- `fold`: draft rows of folded verifications (their gates and corrections), and whether any ran.
+
+    t = f(rows) + c_attn·attn + c_head·head + [fold > 0]·(fold0 + fold_row·fold)
+
+`f` is piecewise linear over a grid of row counts (linear past the last point), so a small batch's
+sub-linear cost (the weights are read once for all rows) is seen: that is what makes drafts nearly free
+on a GPU and dear on this CPU. The head term matters at a real vocabulary, where the head can
+outweigh a small model's layers.
+
+Calibration (`calibrate`): a few packed forwards of random tokens at growing row counts, two prefix
+lengths, the head alone and, for a folded verifier, two folded verifications: seconds at most, then
+cached as JSON in the user's cache directory (`$XDG_CACHE_HOME/specfold` or ~/.cache/specfold), keyed
+by the model fingerprint and shape (a widened checkpoint shares its source's fingerprint, not its
+cost), device, dtype, thread count and verifier. Online refinement (`observe`): every measured step
+time (host `time.perf_counter` around the runner's call, no extra sync) moves the parameters the step
+used by a normalised least-mean-squares step in relative terms, so a noisy step cannot flip them.
+Same code on every device; only the measurements differ.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+VERSION = 1
+ETA = 0.15  # online step size (relative)
+CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
+SAVE_EVERY = 256  # observations between two writes of the refined model
+MIN_SECONDS = 1e-7
+FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9}  # parameter scales
+
+
+@dataclass(slots=True)
+class Shape:
+    rows: float = 0.0
+    attn: float = 0.0
+    head: float = 0.0
+    fold: float = 0.0
+    fold_calls: int = 0
+
+    def plus(self, other: "Shape") -> "Shape":
+        return Shape(self.rows + other.rows, self.attn + other.attn, self.head + other.head,
+                     self.fold + other.fold, max(self.fold_calls, other.fold_calls))
+
+
+@dataclass
+class CostModel:
+    grid: list[int]  # row counts, ascending
+    f: list[float]  # seconds of a forward of grid[i] rows (no attention work, no head)
+    c_attn: float = 0.0
+    c_head: float = 0.0
+    fold0: float = 0.0
+    fold_row: float = 0.0
+    observations: int = 0
+    key: dict = field(default_factory=dict)
+    path: str | None = None
+    calibration_seconds: float = 0.0
+
+    # ------------------------------------------------------------------ prediction
+    def _interp(self, rows: float) -> tuple[int, float]:
+        """(segment i, weight of grid[i+1]) for `rows`: linear inside, extrapolated past the ends."""
+        g = self.grid
+        i = 0
+        while i < len(g) - 2 and rows > g[i + 1]:
+            i += 1
+        return i, (rows - g[i]) / (g[i + 1] - g[i])
+
+    def f_of(self, rows: float) -> float:
+        if rows <= 0:
+            return 0.0
+        i, w = self._interp(rows)
+        return max(MIN_SECONDS, (1 - w) * self.f[i] + w * self.f[i + 1])
+
+    def predict(self, s: Shape) -> float:
+        t = self.f_of(s.rows) + self.c_attn * s.attn + self.c_head * s.head
+        if s.fold_calls:
+            t += self.fold0 + self.fold_row * s.fold
+        return t
+
+    # ------------------------------------------------------------------ online refinement
+    def observe(self, s: Shape, seconds: float) -> None:
+        """Refine the parameters this step used from its measured time: a normalised LMS step where
+        each parameter moves in proportion to its own size (relative updates)."""
+        if s.rows <= 0 or seconds <= 0:
+            return
+        pred = self.predict(s)
+        e = max(-CLIP * pred, min(CLIP * pred, seconds - pred))
+        i, w = self._interp(s.rows)
+        fold = 1.0 if s.fold_calls else 0.0
+        terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head),
+                 ("fold0", None, fold), ("fold_row", None, s.fold * fold)]
+        vals = [(n, k, x, max(abs(self._get(n, k)), FLOORS[n])) for n, k, x in terms if x]
+        den = sum((x * sc) ** 2 for _, _, x, sc in vals)
+        if den <= 0:
+            return
+        for n, k, x, sc in vals:
+            self._set(n, k, max(FLOORS[n] if n == "f" else 0.0, self._get(n, k) + ETA * e * x * sc * sc / den))
+        for k in range(1, len(self.f)):  # more rows never cost less
+            self.f[k] = max(self.f[k], self.f[k - 1])
+        self.observations += 1
+        if self.path and self.observations % SAVE_EVERY == 0:
+            self.save()
+
+    def _get(self, name: str, idx: int | None) -> float:
+        return self.f[idx] if name == "f" else getattr(self, name)
+
+    def _set(self, name: str, idx: int | None, v: float) -> None:
+        if name == "f":
+            self.f[idx] = v
+        else:
+            setattr(self, name, v)
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("path")
+        d["version"] = VERSION
+        return d
+
+    def save(self, path: str | os.PathLike | None = None) -> Path | None:
+        """Write the model as JSON (atomically); None when the folder is not writable (the cache is
+        only a cache)."""
+        p = Path(path or self.path)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+            os.replace(tmp, p)
+        except OSError:
+            return None
+        return p
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        if d.get("version") != VERSION:
+            raise ValueError("another cost model version")
+        fields = {k: d[k] for k in ("grid", "f", "c_attn", "c_head", "fold0", "fold_row", "observations", "key",
+                                     "calibration_seconds") if k in d}
+        m = cls(**fields)
+        if len(m.grid) < 2 or len(m.grid) != len(m.f) or any(b <= a for a, b in zip(m.grid, m.grid[1:])):
+            raise ValueError("malformed grid")
+        return m
+
+
+# ---------------------------------------------------------------------------------------- cache
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "specfold"
+
+
+def cost_key(model, spec, verifier, window: int) -> dict:
+    from specfold.models.spec import fingerprint
+    dev = model.device
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {"model": fingerprint(spec), "hidden": spec.hidden_size, "intermediate": spec.intermediate_size,
+            "layers": spec.num_layers, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
+            "vocab": spec.vocab_size, "device": f"{dev.type}:{name}", "dtype": str(model.dtype),
+            "threads": torch.get_num_threads(), "verifier": _verifier_name(verifier), "window": int(window),
+            "torch": torch.__version__}
+
+
+def _verifier_name(verifier) -> str:
+    if verifier is None or getattr(verifier, "packs_with_model", True):
+        return "dense"
+    return f"{getattr(verifier, 'name', 'other')}:{getattr(verifier, 'backend', '')}"
+
+
+_MODELS: dict[str, CostModel] = {}
+_LOCK = threading.Lock()
+
+
+def cost_model_for(model, spec, verifier, window: int, max_rows: int, budget_s: float = 3.0) -> CostModel:
+    """The process's cost model for this machine, model, dtype, threads and verifier: from memory,
+    else from the cache file, else calibrated now (and written to the cache)."""
+    key = cost_key(model, spec, verifier, window)
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    with _LOCK:
+        m = _MODELS.get(digest)
+        if m is not None:
+            return m
+        path = cache_dir() / f"cost-{digest}.json"
+        try:
+            m = CostModel.from_dict(json.loads(path.read_text()))
+            if m.key != key:
+                m = None
+        except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError):
+            m = None
+        if m is None:
+            m = calibrate(model, spec, verifier, window, max_rows, budget_s)
+            m.key = key
+            m.path = str(path)
+            m.save()
+        m.path = str(path)
+        _MODELS[digest] = m
+        return m
+
+
+def forget_models() -> None:
+    """Drop the in-process models (tests: a new cache dir, a fresh calibration)."""
+    with _LOCK:
+        _MODELS.clear()
+
+
+# ---------------------------------------------------------------------------------------- calibration
+def _time(fn, reps: int = 3) -> float:
+    """Median seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    fn()
+    sync()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float = 3.0) -> CostModel:
+    """Measure this machine: forwards of 1, 2, 4, ... windows (while under `max_rows` and the time
+    budget), the attention term from two prefix lengths, the head per row, and the folded verifier's
+    own terms when it is one."""
+    from specfold.decoding.readout import Read, read_rows
+    from specfold.models.forward import Forward
+    t_start = time.perf_counter()
+    dev, N = model.device, max(1, int(window))
+    V, M = spec.vocab_size, spec.mask_token_id
+    g = torch.Generator().manual_seed(0)
+
+    def toks(B: int, T: int) -> torch.Tensor:
+        return torch.randint(0, V, (B, T), generator=g).to(dev)
+
+    def prefix(P: int):
+        c = model.new_cache(P + N)
+        if P:
+            model.forward_many([Forward(toks(1, P), torch.arange(P, device=dev), c, None, True,
+                                        torch.zeros(0, dtype=torch.long, device=dev))])
+        return c
+
+    none = torch.zeros(0, dtype=torch.long, device=dev)
+
+    def dense(B: int, cache, P: int) -> float:
+        x = toks(B, N)
+        pos = torch.arange(P, P + N, device=dev)
+        return _time(lambda: model.forward_many([Forward(x, pos, cache, None, False, None, head_rows=none)]))
+
+    P0, P1 = N, 8 * N
+    c0, c1 = prefix(P0), prefix(P1)
+    grid, f = [], []
+    B = 1
+    with torch.inference_mode():
+        while True:
+            t = dense(B, c0, P0)
+            grid.append(B * N)
+            f.append(t)
+            B *= 2
+            spent = time.perf_counter() - t_start
+            if len(grid) >= 2 and (B * N > max(max_rows, N) or spent + 4 * t * 2 > budget_s * 0.6):
+                break
+        b_att = max(1, grid[min(len(grid) - 1, 2)] // N)
+        t0, t1 = dense(b_att, c0, P0), dense(b_att, c1, P1)
+        c_attn = max(0.0, (t1 - t0) / (b_att * N * (P1 - P0)))
+        f = [max(MIN_SECONDS, t - c_attn * r * (P0 + N)) for t, r in zip(f, grid)]
+        H = 8 * N
+        x = torch.randn(H, spec.hidden_size, generator=g).to(dev, model.dtype)
+        c_head = _time(lambda: read_rows(model.head(x).reshape(H, -1), M, Read())) / H
+        m = CostModel(grid, f, c_attn, c_head)
+        for k in range(1, len(m.f)):
+            m.f[k] = max(m.f[k], m.f[k - 1])
+        if verifier is not None and not getattr(verifier, "packs_with_model", True):
+            _calibrate_fold(m, model, verifier, toks, c0, P0, N, budget_s - (time.perf_counter() - t_start))
+    m.calibration_seconds = time.perf_counter() - t_start
+    return m
+
+
+def _calibrate_fold(m: CostModel, model, verifier, toks, cache, P: int, N: int, budget_s: float) -> None:
+    """fold0 and fold_row from folded verifications of 2 and 8 branches, each draft its parent with one
+    more token changed (so most rows fold, as real drafts do)."""
+    from specfold.models.forward import Forward
+    dev = model.device
+    pts = []
+    for B in (2, 8):
+        if budget_s <= 0 and pts:
+            break
+        root = toks(1, N)
+        rows = [root[0].clone()]
+        for b in range(1, B):
+            r = rows[-1].clone()
+            r[(b - 1) % N] = (r[(b - 1) % N] + 1) % model.spec.vocab_size
+            rows.append(r)
+        x = torch.stack(rows)
+        pos = torch.arange(P, P + N, device=dev)
+        fw = Forward(x, pos, cache, None, False, None, parents=[-1] + list(range(B - 1)),
+                     head_rows=torch.zeros(0, dtype=torch.long, device=dev))
+        t0 = time.perf_counter()
+        out: list = []
+        t = _time(lambda: out.append(verifier.verify_many([fw])))
+        budget_s -= time.perf_counter() - t0
+        st = out[-1][0].stats or {}
+        rho = sum(st.get("folded", [0])) / max(1, sum(st.get("positions", [0])))
+        D = (B - 1) * N
+        dense = m.f_of(N + (1 - rho) * D) + m.c_attn * B * N * (P + N)
+        pts.append((D, t - dense))
+    if len(pts) == 2 and pts[1][0] != pts[0][0]:
+        (d0, r0), (d1, r1) = pts
+        m.fold_row = max(0.0, (r1 - r0) / (d1 - d0))
+        m.fold0 = max(0.0, r0 - m.fold_row * d0)
+    elif pts:
+        m.fold0 = max(0.0, pts[0][1])
