@@ -1,14 +1,16 @@
 """Ray Serve replicas under load: throughput at C concurrent clients, N replicas x 1 thread each.
 
     PYTHONPATH=$PWD python benchmarks/ray_serve_load.py --replicas 1,2 --concurrency 16 \
-        --requests 96 --max-tokens 64 [--repeats 2] [--plain] [--json out.json]
+        --requests 96 --max-tokens 64 [--model PATH] [--repeats 2] [--plain] [--json out.json]
 
 For each replica count, `specfold serve --model tiny --replicas N --replica-cpus 1` of this tree runs
 as a subprocess on a free port (it starts its own local Ray cluster and stops it on exit); after a
 warm-up, C clients send chat requests (held-out questions of the tiny model, greedy) one after
 another, `--requests` in all, with serve_load.py's client. `--repeats` alternates the counts
 (1, 2, 1, 2, ...) so that drift in the machine's load hits each alike. `--plain` adds the
-single-process server (`specfold serve` without Ray, one thread) as a reference row. Clients, the
+single-process server (`specfold serve` without Ray, one thread) as a reference row. `--model`: a
+checkpoint instead of tiny, e.g. a `specfold widen` copy of tiny (the same tokens at a higher cost
+per token: what a request costs the engine, against the fixed cost of its trip through Serve). Clients, the
 Serve proxy, the ingress and the replicas share the machine's cores. Prints one markdown row per run
 and, per count, the best run's throughput relative to the best 1-replica run.
 """
@@ -29,11 +31,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from serve_load import CLI, free_port, load, row  # noqa: E402
 
 
-def start(port: int, max_tokens: int, replicas: int | None) -> subprocess.Popen:
+def start(port: int, max_tokens: int, replicas: int | None, model: str = "tiny") -> subprocess.Popen:
     """`specfold serve --model tiny` (with `--replicas`: on Ray); returns once every replica answers."""
     import httpx
     extra = ["--replicas", str(replicas), "--replica-cpus", "1"] if replicas else ["--threads", "1"]
-    cmd = [sys.executable, "-c", CLI, "serve", "--model", "tiny", "--port", str(port), "--max-new-tokens",
+    cmd = [sys.executable, "-c", CLI, "serve", "--model", model, "--port", str(port), "--max-new-tokens",
            str(max_tokens), "--log-level", "warning", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -65,7 +67,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 def measure(replicas: int | None, questions: list[str], a: argparse.Namespace) -> dict:
     port = free_port()
-    proc = start(port, a.max_tokens, replicas)
+    proc = start(port, a.max_tokens, replicas, a.model)
     url = f"http://127.0.0.1:{port}"
     try:
         asyncio.run(load(url, questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
@@ -85,6 +87,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--model", default="tiny", help="checkpoint folder (default: the embedded tiny model)")
     ap.add_argument("--plain", action="store_true", help="also the single-process server (no Ray)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()

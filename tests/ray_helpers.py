@@ -1,8 +1,9 @@
 """One local Ray cluster (and one Serve instance) per test process, shared by the Ray test modules.
 
-Started on first use with a small object store, no dashboard and 4 logical CPUs (two replicas and
-two Ray Data actors of one CPU each fit at once; the machine may have fewer cores), and shut down
-when the process exits. Other processes (the CLI under test) join it by its address.
+Started on first use with a small object store, no dashboard, Serve's throughput mode (as
+specfold/ray/cluster.py starts a local cluster) and 4 logical CPUs (two replicas and two Ray Data
+actors of one CPU each fit at once; the machine may have fewer cores), and shut down when the
+process exits. Other processes (the CLI under test) join it by its address.
 """
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ def ray_cluster() -> str:
     """The GCS address of this process's local cluster (started on first call)."""
     if "address" not in _state:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        from specfold.ray.cluster import SERVE_ENV
+        for k, v in SERVE_ENV.items():  # Serve's mode of a local cluster that specfold starts
+            os.environ.setdefault(k, v)
         import ray
         ctx = ray.init(num_cpus=4, object_store_memory=96 * 2**20, include_dashboard=False, log_to_driver=False)
         _state["address"] = ctx.address_info["gcs_address"]

@@ -3,8 +3,12 @@
 Invariants:
 - `connect` never starts a second cluster in a process: an already connected process keeps its
   connection (tests and notebooks call the CLI functions in-process).
-- A local cluster gets no dashboard and Ray's usage statistics are off; `connect` says whether
-  this process started the cluster (so that it alone shuts it down).
+- A local cluster gets no dashboard, Ray's usage statistics are off, and Serve runs in Ray's
+  throughput-optimised mode (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: user code on the replica's event
+  loop, gRPC between deployments; about a third less CPU per request on the way through Serve),
+  without its direct ingress (whose 30 s drain would hold every shutdown; the proxy stays), unless
+  the environment sets them; `connect` says whether this process started the cluster (so that
+  it alone shuts it down). A cluster that is joined keeps its own settings.
 - Replicas that a cluster cannot place are an error before anything is deployed on a local cluster
   (a deployment would wait forever), and a warning on a remote one (its autoscaler may add nodes).
 """
@@ -14,6 +18,8 @@ import os
 import sys
 
 from specfold.errors import SpecfoldError
+
+SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
 
 
 def connect(address: str | None = None, num_cpus: int | None = None,
@@ -31,6 +37,8 @@ def connect(address: str | None = None, num_cpus: int | None = None,
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SpecfoldError(f"cannot connect to the Ray cluster at {address!r}: {first}") from None
         return False
+    for k, v in SERVE_ENV.items():  # inherited by every process of the cluster
+        os.environ.setdefault(k, v)
     ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, include_dashboard=False,
              log_to_driver=False)
     return True

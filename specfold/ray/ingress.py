@@ -113,8 +113,8 @@ async def check_silent(registry: ReplicaRegistry) -> None:
 class RemoteGroup:
     """One request's engine requests on a replica, with the interface of serve/runner.py's Group."""
 
-    def __init__(self, runner: "RemoteRunner", items: list):
-        self.runner, self.items = runner, items
+    def __init__(self, runner: "RemoteRunner", items: list, stream: bool):
+        self.runner, self.items, self.stream = runner, items, stream
         self.unfinished = set(range(len(items)))
         self.gen = None
         self.closed = False
@@ -125,7 +125,7 @@ class RemoteGroup:
         from ray.serve.exceptions import BackPressureError
         last: BaseException | None = None
         for _ in range(self.runner.attempts()):
-            self.gen = self.runner.handle.options(stream=True).generate.remote(self.items)
+            self.gen = self.runner.handle.options(stream=True).generate.remote(self.items, merged=not self.stream)
             try:
                 _, self.replica = await self.gen.__anext__()
                 return
@@ -200,8 +200,8 @@ class RemoteRunner:
         """Tries per group: enough for the router to reach every replica, plus one for a death."""
         return 2 * max(len(self.registry.running()), self.max_replicas) + 1
 
-    def submit(self, items: list) -> RemoteGroup:
-        return RemoteGroup(self, items)
+    def submit(self, items: list, stream: bool = True) -> RemoteGroup:
+        return RemoteGroup(self, items, stream)
 
     def alive(self) -> bool:
         return bool(self.registry.running())

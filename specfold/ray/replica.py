@@ -3,10 +3,12 @@
 Invariants:
 - One replica = one LLM and one Engine, stepped by the same EngineRunner thread as the single-process
   server (serve/runner.py); the replica adds nothing to decoding, so its tokens are the server's.
-- `generate(items)` streams one group of engine requests: first `("accepted", replica_id)` once every
-  member is in the engine (else the engine's refusal is raised: EngineFull, ParamsError), then
-  `(index, RequestDelta)` until every member has finished. A cancelled call (the client left, the
-  ingress gave up) aborts the unfinished members in the engine before its next step.
+- `generate(items, merged)` streams one group of engine requests: first `("accepted", replica_id)`
+  once every member is in the engine (else the engine's refusal is raised: EngineFull, ParamsError),
+  then `(index, RequestDelta)` until every member has finished; `merged` (a client that does not
+  stream) sends one delta per member when it finishes, its text and tokens those of all its deltas
+  (fewer messages, the same response). A cancelled call (the client left, the ingress gave up)
+  aborts the unfinished members in the engine before its next step.
 - The replica reports its state and counters to the ingress deployment named `report_to` at start,
   every `health_check_period_s` and when it stops. Serve's health check fails once the engine thread
   is dead, so Serve replaces such a replica.
@@ -22,6 +24,7 @@ from dataclasses import asdict
 import ray
 from ray import serve
 
+from specfold.engine.engine import RequestDelta
 from specfold.ray.config import SpecfoldLLMConfig
 
 log = logging.getLogger("specfold.ray")
@@ -49,14 +52,21 @@ class EngineReplica:
         self.reporter = asyncio.get_running_loop().create_task(self._report_forever()) if report_to else None
 
     # ------------------------------------------------------------------ requests
-    async def generate(self, items: list):
+    async def generate(self, items: list, merged: bool = False):
         """Stream one group (see the module docstring)."""
         group = self.runner.submit(items)
         try:
             await group.started()
             yield ("accepted", self.identity["replica_id"])
-            async for item in group.events():
-                yield item
+            texts, ids = [""] * len(items), [[] for _ in items]
+            async for index, d in group.events():
+                if not merged:
+                    yield index, d
+                    continue
+                texts[index] += d.text_delta
+                ids[index] += d.new_token_ids
+                if d.finished:
+                    yield index, RequestDelta(d.request_id, ids[index], texts[index], True, d.finish_reason, d.output)
             self.requests_served += 1
         finally:
             group.close()

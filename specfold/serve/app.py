@@ -232,7 +232,7 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
         req = parse_request(body, chat)
         service.check_model(req.model)
         items, prompt_tokens = service.items(req)
-        group = service.runner.submit(items)
+        group = service.runner.submit(items, stream=req.stream)
         try:
             await group.started()
         except asyncio.CancelledError:

@@ -102,8 +102,10 @@ class EngineRunner:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, items: list[tuple[list[int], object]]) -> Group:
-        """Queue `(prompt_ids, SamplingParams)` items as one group (call from the event loop)."""
+    def submit(self, items: list[tuple[list[int], object]], stream: bool = True) -> Group:
+        """Queue `(prompt_ids, SamplingParams)` items as one group (call from the event loop).
+        `stream`: whether the client reads the deltas as they come (a remote runner may send a
+        non-streamed group's deltas merged, one per request; here they cost nothing either way)."""
         group = Group(self, [f"req-{uuid.uuid4().hex[:16]}" for _ in items])
         self._cmds.put(("add", group, items))
         return group
