@@ -134,6 +134,12 @@ def test_family_defaults_from_config(tmp_path):
         M, eos = llm.spec.mask_token_id, llm.spec.stop_token_ids[0]
         ref, _ = reference_decode(w, cfg, prompt, rule=rule, max_new_tokens=20, mask_id=M, eos_id=eos, block=32, **kw)
         assert llm.generate([prompt], DecodeParams(max_new_tokens=20))[0].token_ids == ref
+    # a 2.1 checkpoint whose config says llada2_moe (unverified): the documented override path
+    folder = tmp_path / "llada2_moe"
+    cfg = C.config(model_type="llada2_moe")
+    llm = LLM(folder, dtype="float64", overrides=C.overrides(cfg) | {"rule": "llada2_edit", "threshold": 0.7})
+    c = DecodeParams(max_new_tokens=20).resolve(llm.spec)
+    assert (c.rule, c.threshold, c.edit_threshold, c.max_post_steps) == ("llada2_edit", 0.7, 0.5, 16)
 
 
 def test_rule_settings_are_checked():
