@@ -71,6 +71,29 @@ def read_config(path: Path) -> dict:
         raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
 
 
+def read_generation_config(path: Path) -> dict | None:
+    """generation_config.json of a checkpoint folder (None: it has none); its eos_token_id is one
+    source of the stop ids (spec.checkpoint_eos)."""
+    gen_path = path / "generation_config.json"
+    if not gen_path.is_file():
+        return None
+    try:
+        gen = json.loads(gen_path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{gen_path} is not valid JSON: {e}") from None
+    if not isinstance(gen, dict):
+        raise CheckpointError(f"{gen_path} must hold a JSON object, got {type(gen).__name__}")
+    return gen
+
+
+def read_spec(path: str | os.PathLike, overrides: dict | None = None,
+              vocab: dict[str, int] | None = None) -> tuple[ModelSpec, dict]:
+    """(spec, config) of a checkpoint folder: config.json and generation_config.json, no weights."""
+    path = Path(path)
+    config = read_config(path)
+    return resolve_spec(config, overrides, vocab, read_generation_config(path)), config
+
+
 def weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
@@ -95,8 +118,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
                ) -> tuple[Transformer, ModelSpec, dict]:
     """Build the Transformer of a checkpoint folder and load its weights. Returns (model, spec, config)."""
     path = Path(path)
-    config = read_config(path)
-    spec = resolve_spec(config, overrides, vocab)
+    spec, config = read_spec(path, overrides, vocab)
     files = weight_files(path)
     with torch.device("meta"):
         model = Transformer(spec)

@@ -8,6 +8,10 @@ Invariants:
 - the mask id is never guessed: overrides > config `mask_token_id` > the family's mask token looked up
   in the tokenizer vocabulary (or the family table's id, LLaDA2's published 156895: its configs carry
   none) > ConfigError;
+- stop ids: overrides > config `stop_token_ids` (specfold's own key) > the checkpoint's eos
+  (generation_config.json, then config.json, read as transformers reads them) plus the family's
+  end-of-turn token (`eot_token`, looked up in the tokenizer vocabulary); the table's `stop_token_ids`
+  stand in for the eos only when the checkpoint names none;
 - `overrides` may set any ModelSpec field (like vLLM's `hf_overrides`); unknown names are rejected;
 - a `model_type` not in the table is rejected with the list of supported ones.
 """
@@ -99,21 +103,22 @@ _LLADA2 = dict(weight_layout="llada2", mask_token_id=156895, stop_token_ids=(156
 
 FAMILIES: dict[str, dict[str, Any]] = {
     "Fast_dLLM_Qwen": dict(
-        family="fast_dllm_v2", **_QWEN2, mask_token="|<MASK>|", stop_token_ids=(151645,),
+        family="fast_dllm_v2", **_QWEN2, mask_token="|<MASK>|", stop_token_ids=(151645,), eot_token="<|im_end|>",
         logits_shift=True, attention="block_causal", alignment="absolute", seed_token=True,
         block_size=32, sub_block_size=8, rule="sub_block", threshold=0.9),
     "sdar": dict(
-        family="sdar", **_QWEN3, stop_token_ids=(151645, 151643), logits_shift=False,
+        family="sdar", **_QWEN3, stop_token_ids=(151645, 151643), eot_token="<|im_end|>", logits_shift=False,
         attention="block_causal", alignment="absolute", seed_token=False, block_size=4,
         rule="static", tokens_per_step=1),
     "Dream": dict(
-        family="dream", **_QWEN2, stop_token_ids=(151643,), logits_shift=True,
+        family="dream", **_QWEN2, stop_token_ids=(151643,), eot_token="<|im_end|>", logits_shift=True,
         attention="bidirectional", block_size=32, rule="dream", confidence="neg_entropy"),
     "llada": dict(
-        family="llada", **_LLAMA, weight_layout="olmo", stop_token_ids=(126081, 126348),
+        family="llada", **_LLAMA, weight_layout="olmo", stop_token_ids=(126081, 126348), eot_token="<|eot_id|>",
         logits_shift=False, attention="bidirectional", block_size=32, rule="llada"),
     "nemotron_labs_diffusion": dict(
         family="nemotron_labs_diffusion", **_LLAMA, weight_layout="nemotron", stop_token_ids=(11,),
+        eot_token="<|im_end|>",
         logits_shift=False, attention="causal_prefix", alignment="after_prompt", seed_token=True,
         block_size=32, rule="threshold", threshold=0.9, threshold_ge=True,
         max_new_tokens_multiple_of_block=True),
@@ -194,16 +199,45 @@ def _shape_fields(cfg: dict, layout: str) -> dict[str, Any]:
     return shape
 
 
-def _stop_ids_from_config(cfg: dict) -> tuple[int, ...] | None:
-    eos = cfg.get("eos_token_id")
+def _eos_ids(eos: Any, where: str) -> tuple[int, ...] | None:
     if eos is None:
         return None
-    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    ids = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise ConfigError(f"{where}: eos_token_id must be a token id or a list of token ids, got {eos!r}")
+    return tuple(ids)
+
+
+def checkpoint_eos(config: dict, generation: dict | None = None) -> tuple[int, ...] | None:
+    """The checkpoint's eos ids, read as `transformers` reads them: generation_config.json's
+    `eos_token_id` when that file sets one, else config.json's (its decoder/text config's when the
+    top level has none: `GenerationConfig.from_model_config`); an int or a list. (Where
+    generation_config.json exists without an eos, transformers stops at nothing; config.json's eos
+    is used then.) None: the checkpoint names no eos."""
+    if generation is not None and generation.get("eos_token_id") is not None:
+        return _eos_ids(generation["eos_token_id"], "generation_config.json")
+    if config.get("eos_token_id") is not None:
+        return _eos_ids(config["eos_token_id"], "config.json")
+    for name in ("decoder", "generator", "text_config"):
+        sub = config.get(name)
+        if isinstance(sub, dict):
+            return _eos_ids(sub.get("eos_token_id"), f"config.json {name}")
+    return None
+
+
+def _stop_ids(fields: dict, config: dict, generation: dict | None, eot: int | None) -> tuple[int, ...]:
+    """The checkpoint's eos (the family table's stop ids when it names none) plus the family's
+    end-of-turn token."""
+    ids = list(checkpoint_eos(config, generation) or fields.get("stop_token_ids", ()))
+    if eot is not None and eot not in ids:
+        ids.append(eot)
+    return tuple(ids)
 
 
 def resolve_spec(config: dict, overrides: dict | None = None,
-                 vocab: dict[str, int] | None = None) -> ModelSpec:
-    """Build the ModelSpec of a checkpoint from its config.json dict, overrides and tokenizer vocab."""
+                 vocab: dict[str, int] | None = None, generation: dict | None = None) -> ModelSpec:
+    """Build the ModelSpec of a checkpoint from its config.json dict, overrides, tokenizer vocab and
+    generation_config.json dict (None: the checkpoint has none)."""
     overrides = dict(overrides or {})
     unknown = set(overrides) - _SPEC_FIELDS
     if unknown:
@@ -215,6 +249,7 @@ def resolve_spec(config: dict, overrides: dict | None = None,
         raise ConfigError(f"unknown model_type {model_type!r}; supported: {supported_model_types()}")
     fam = dict(FAMILIES[model_type])
     mask_token = fam.pop("mask_token", None)
+    eot_token = fam.pop("eot_token", None)
     layout = overrides.get("weight_layout", fam.get("weight_layout", "hf"))
     fields: dict[str, Any] = dict(model_type=model_type)
     fields.update(fam)
@@ -233,10 +268,9 @@ def resolve_spec(config: dict, overrides: dict | None = None,
             fields[key] = tuple(config[key]) if key == "stop_token_ids" else config[key]
     if config.get("bd_size") is not None:  # Fast-dLLM v2's name for the block size
         fields["block_size"] = int(config["bd_size"])
-    if "stop_token_ids" not in config and model_type in _PLAIN:
-        ids = _stop_ids_from_config(config)
-        if ids:
-            fields["stop_token_ids"] = ids
+    if config.get("stop_token_ids") is None:  # specfold's own key wins; else the checkpoint's eos
+        eot = vocab.get(eot_token) if eot_token is not None and vocab is not None else None
+        fields["stop_token_ids"] = _stop_ids(fields, config, generation, eot)
     if config.get("mask_token_id") is not None:
         fields["mask_token_id"] = int(config["mask_token_id"])
     if isinstance(config.get("widened_from"), dict):  # `specfold widen` output (models/widen.py)
