@@ -69,6 +69,10 @@ def rule_label(p) -> str:
         return f"rule {p.rule} {p.threshold}"
     if p.rule in ("llada", "dream"):
         return f"rule {p.rule} steps={p.steps}"
+    if p.rule == "llada2":
+        return f"rule llada2 {p.threshold} steps={p.steps}"
+    if p.rule == "llada2_edit":
+        return f"rule llada2_edit {p.threshold}/{p.edit_threshold} post={p.max_post_steps}"
     return f"rule {p.rule} k={p.tokens_per_step}"
 
 
