@@ -72,6 +72,18 @@ def test_lossless_under_both_rules(setup, name):
         assert saved > 0
 
 
+@pytest.mark.parametrize("name", ["llada2", "edit_quality"])
+def test_lossless_at_temperature_for_a_fixed_seed(setup, name):
+    """T > 0: a row's noise is keyed by its exact block state, so drafts (and revisited 2.1 states)
+    change nothing, alone or in a batch."""
+    llm, _, _, prompts, _ = setup
+    base = DecodeParams(block_size=BLOCK, max_new_tokens=16, draft_budget=64, temperature=0.8, seed=5, **RULES[name])
+    van = llm.generate(prompts, base)
+    for s in (dict(method="freedave", draft_depth=4), dict(method="spiffy", branches=8, graph=MIXED)):
+        assert [o.token_ids for o in llm.generate(prompts, base.replace(**s))] == [v.token_ids for v in van]
+    assert [llm.generate([p], base)[0].token_ids for p in prompts] == [v.token_ids for v in van]
+
+
 def _ctx(rule, allowed):
     return BlockContext(start=0, allowed=allowed, block_origin=0, mask_id=9, rule=rule, step=1, masks_at_start=3,
                         width=len(allowed), window_allowed=allowed)
