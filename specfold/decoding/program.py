@@ -337,11 +337,12 @@ class BlockProgram:
             ctx.window_allowed = ctx.allowed + [ctx.start + i < req.limit for i in range(N, W)]
         allowed = [i for i, a in enumerate(ctx.window_allowed) if a]
         ahead = self.policy.reads_ahead or extra > 0
-        root_rows = len(self._need(self._regions(_pad(state, W, self.M), ctx, N, extra, ahead)))
+        region = self._regions(_pad(state, W, self.M), ctx, N, extra, ahead)
         parent = st.parent
         nodes = self._max_drafts() if parent is not None else 0
-        return Proposal(key, W, ctx.start if self.spec.uses_cache else 0, root_rows, masked, extra, nodes,
-                        make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M)
+        return Proposal(key, W, ctx.start if self.spec.uses_cache else 0, len(self._need(region)), masked, extra,
+                        nodes, make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M,
+                        root_region=region)
 
     def draft_tree(self) -> list[int] | None:
         """The parent of each draft node the policy may propose (0 = the root, i = node i), in list
@@ -372,7 +373,7 @@ class BlockProgram:
         prop.seconds = 0.0
         branches = [_pad(state, W, self.M)] + [_pad(d.tokens, W, self.M) for d in drafts]
         ahead = self.policy.reads_ahead or extra > 0
-        regions = [self._regions(b, ctx, N, extra, ahead) for b in branches]
+        regions = [prop.root_region] + [self._regions(b, ctx, N, extra, ahead) for b in branches[1:]]
         shift = 1 if self.spec.logits_shift else 0
         rows_at, rows = [], []
         for b, region in enumerate(regions):

@@ -35,6 +35,7 @@ class Proposal:
     allowed: list[int] = field(default_factory=list)  # window indices the current block's rule may fill
     mask_id: int = -1
     seconds: float = 0.0  # host time spent drafting
+    root_region: tuple | None = None  # the root branch's (rule regions, look-aheads), as the job needs them
     _drafts: list[Draft] | None = field(default=None, repr=False)
     _masks: list[int] | None = field(default=None, repr=False)
 

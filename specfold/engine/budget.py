@@ -35,24 +35,12 @@ rule's decisions, so tokens are those of vanilla for every lossless method.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
-
 from specfold.decoding.jobs import Job
 from specfold.decoding.proposal import Proposal
 from specfold.engine.cost import CostModel, Shape, cost_model_for
 
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
 RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
-
-
-@dataclass(slots=True)
-class _Item:
-    req: int  # index into the step's live proposals
-    i: int  # draft (or graph node) index into the proposal's list
-    parent: int  # the parent's index in the same list (-1: the root)
-    value: float  # expected tokens
-    delta: Shape  # what it adds to the step's shape
-    rows: int  # token rows it adds (the row budget)
 
 
 def job_shape(job: Job, folded: bool, rho: float) -> Shape:
@@ -76,6 +64,7 @@ class BudgetChooser:
         v = program.verifier
         self.folded = v is not None and not getattr(v, "packs_with_model", True)
         self.acceptance = getattr(program, "acceptance", None)
+        self.drafts = self.acceptance is not None  # the program proposes drafts (else: nothing to choose)
         self.max_seqs, self.max_rows = config.max_num_seqs, config.max_num_batched_tokens
         self.cost: CostModel | None = None
         if self.auto and self.acceptance is not None:  # start-up calibration (or the cached one)
@@ -106,22 +95,28 @@ class BudgetChooser:
                 r.draft_pick = []
             return None
         F0 = self._base(base, [p for _, p in live])
-        tau = self.acceptance.tau
+        tau, acc = self.acceptance.tau, self.acceptance
         parents = self.program.draft_tree()
         if parents is None:  # a policy without a graph: every request that may draft is drafted
-            wanted = {k for k, (_, p) in enumerate(live) if p.nodes}
-        else:  # graph nodes with optimistic values decide who is drafted at all
-            wanted = {it.req for it in self._best(F0, live, [self._node_items(k, p, tau, parents)
-                                                               for k, (_, p) in enumerate(live)])}
-        items = [self._draft_items(k, p, tau) if k in wanted else [] for k, (_, p) in enumerate(live)]
-        best = self._best(F0, live, items) if wanted else []
-        picks: dict[int, list[int]] = {k: [] for k in range(len(live))}
+            wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
+        else:
+            wanted = self._worth_drafting(F0, live, parents)
+        items: list[list] = [[] for _ in live]
+        for k in wanted:
+            p = live[k][1]
+            for d, m in zip(p.drafts, p.masks_left()):
+                items[k].append((acc.optimistic(d.node) * min(tau, m), d.parent - 1,
+                                 max(1, p.root_rows - (p.masked - m))))
+        picks: list[list[int]] = [[] for _ in live]
+        for k, j in (self._best(F0, live, items) if wanted else []):
+            picks[k].append(j)
         F = F0
-        for it in best:
-            picks[it.req].append(it.i)
-            F = F.plus(it.delta)
-        for k, (r, _) in enumerate(live):
+        for k, (r, p) in enumerate(live):
             r.draft_pick = sorted(picks[k])
+            if picks[k]:
+                d = self._delta(p)
+                F = F.plus(Shape(d.rows * len(picks[k]), d.attn * len(picks[k]),
+                                 sum(items[k][j][2] for j in picks[k]), d.fold * len(picks[k]), d.fold_calls))
         self._last = self.cost.predict(F)
         return self._last
 
@@ -145,53 +140,44 @@ class BudgetChooser:
             F = F.plus(Shape(p.width, p.width * (p.kv + p.width), p.root_rows))
         return F
 
-    def _delta(self, p: Proposal, head: float) -> Shape:
+    def _delta(self, p: Proposal) -> Shape:
+        """What one draft of `p` adds to the step's shape, head rows apart."""
         W = p.width
         attn = W * (p.kv + W)
         if self.folded:
-            return Shape((1.0 - self.rho) * W, attn, head, W, 1)
-        return Shape(W, attn, head)
+            return Shape((1.0 - self.rho) * W, attn, 0.0, W, 1)
+        return Shape(W, attn, 0.0)
 
-    def _node_items(self, k: int, p: Proposal, tau: float, parents: list[int]) -> list[_Item]:
-        """Optimistic items for the policy's graph nodes (before drafting): every node may fill the
-        block's remaining masks."""
-        v, acc, d = min(tau, p.masked), self.acceptance, self._delta(p, p.root_rows)
-        return [_Item(k, n - 1, par - 1, acc.optimistic(n) * v, d, p.width)
-                for n, par in enumerate(parents[: p.nodes], start=1)]
-
-    def _draft_items(self, k: int, p: Proposal, tau: float) -> list[_Item]:
-        acc, out = self.acceptance, []
-        for i, (d, m) in enumerate(zip(p.drafts, p.masks_left())):
-            head = max(1, p.root_rows - (p.masked - m))
-            out.append(_Item(k, i, d.parent - 1, acc.optimistic(d.node) * min(tau, m), self._delta(p, head), p.width))
+    def _worth_drafting(self, F0: Shape, live, parents: list[int]) -> list[int]:
+        """The requests whose drafts might pay: a draft's density is at most (the best optimistic node
+        rate) × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
+        request: f is sub-linear), and a set of drafts is only taken if its density beats the step
+        ratio without drafts. Cheap: no draft is made for the others."""
+        c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
+        n = max(p.nodes for _, p in live)
+        if not n:
+            return []
+        top = max(acc.optimistic(i) for i in range(1, min(n, len(parents)) + 1))
+        full = F0
+        for _, p in live:
+            d = self._delta(p)
+            full = full.plus(Shape(d.rows * p.nodes, d.attn * p.nodes, p.root_rows * p.nodes, d.fold * p.nodes,
+                                   d.fold_calls if p.nodes else 0))
+        ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0)
+        out = []
+        for k, (_, p) in enumerate(live):
+            if not p.nodes:
+                continue
+            d = self._delta(p)
+            marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
+                + c.fold_row * d.fold + c.c_head
+            if top * min(tau, p.masked) / marginal > ratio:
+                out.append(k)
         return out
 
-    def _best(self, F0: Shape, live, per_req: list[list[_Item]]) -> list[_Item]:
-        """The best prefix, by the exact step ratio, of every item sorted by parent-capped density."""
-        cost = self.cost
-        T0 = cost.predict(F0)
+    def _best(self, F0: Shape, live, per_req: list[list[tuple]]) -> list[tuple[int, int]]:
         V0 = sum(min(self.acceptance.tau, p.masked) for _, p in live)
-        order: list[tuple[float, int, int, _Item]] = []
-        for k, items in enumerate(per_req):
-            keys: list[float] = []
-            for j, it in enumerate(items):
-                key = it.value / max(cost.predict(F0.plus(it.delta)) - T0, 1e-12)
-                if it.parent >= 0:
-                    key = min(key, keys[it.parent])
-                keys.append(key)
-                order.append((key, k, j, it))
-        order.sort(key=lambda x: (-x[0], x[1], x[2]))
-        best, best_n, V, F, rows = V0 / T0, 0, V0, F0, 0
-        for n, (_, _, _, it) in enumerate(order, start=1):
-            rows += it.rows
-            if rows + F0.rows > self.max_rows:
-                break
-            F = F.plus(it.delta)
-            V += it.value
-            r = V / cost.predict(F)
-            if r > best:
-                best, best_n = r, n
-        return [it for *_, it in order[:best_n]]
+        return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], self.max_rows)
 
     # ------------------------------------------------------------------ after the step
     def observe(self, jobs: list[Job], seconds: float, results: list) -> None:
@@ -234,3 +220,139 @@ class BudgetChooser:
                            "fold0": c.fold0, "fold_row": c.fold_row, "observations": c.observations,
                            "calibration_seconds": c.calibration_seconds}
         return out
+
+
+def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]], deltas: list[Shape],
+                 max_rows: float = float("inf"), iterations: int = 8) -> list[tuple[int, int]]:
+    """The choice, by Dinkelbach's method for ratios: with λ the best step ratio found so far (start:
+    no drafts, V0 / T0), every item weighs (expected tokens) - λ·(marginal seconds at the current
+    choice), and the heaviest set closed under parents is found per request by one pass over its
+    tree (a node is worth its weight plus its children's positive subtree worths; it is taken when
+    its subtree is worth more than nothing and its parent is taken); the new set's exact ratio
+    (V0 + Σ tokens) / predicted seconds becomes λ, until it stops improving. Exact for linear costs;
+    with the sub-linear f it re-linearises at each choice. `per_req[k]`: request k's items (expected
+    tokens, parent item index or -1, head rows), parents first; `deltas[k]`: what one of its drafts
+    adds, head rows apart -> the chosen (request, item index) pairs. Run from two linearisations (no
+    drafts, every draft), the better kept."""
+    every = _fit([(k, j) for k, items in enumerate(per_req) for j in range(len(items))], per_req, deltas, F0.rows, max_rows)
+    G, V = _shape(F0, V0, every, per_req, deltas)
+    best, chosen = V0 / c.predict(F0), []
+    if V / c.predict(G) > best:
+        best, chosen = V / c.predict(G), every
+    r, pre = _best_prefix(c, F0, V0, per_req, deltas, max_rows)
+    if r > best:
+        best, chosen = r, pre
+    # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
+    # rows are cheaper in bulk, so the linearisation point matters)
+    for start in (F0, G, _shape(F0, V0, pre, per_req, deltas)[0]):
+        best, chosen = _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, start, best, chosen)
+    return chosen
+
+
+def _best_prefix(c, F0, V0, per_req, deltas, max_rows) -> tuple[float, list[tuple[int, int]]]:
+    """Items in an order whose every prefix is closed (groups of parent + denser descendants, sorted
+    by density at the base shape, each in list order) -> the best exact ratio over its prefixes."""
+    order: list[tuple] = []
+    for k, items in enumerate(per_req):
+        if not items:
+            continue
+        d = deltas[k]
+        marginal = (c.f_of(F0.rows + d.rows) - c.f_of(F0.rows) + c.c_attn * d.attn + c.fold_row * d.fold
+                    + (c.fold0 if d.fold_calls and not F0.fold_calls else 0.0))
+        for g_v, g_c, members in _groups(items, [max(marginal + c.c_head * h, 1e-12) for _, _, h in items]):
+            for j in members:
+                order.append((-g_v / g_c, k, members[0], j))
+    order.sort()
+    pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, F0.rows, max_rows)
+    rows, attn, hd, fold, calls, V = F0.rows, F0.attn, F0.head, F0.fold, F0.fold_calls, V0
+    best, best_n = V0 / c.predict(F0), 0
+    for n, (k, j) in enumerate(pick, start=1):
+        d = deltas[k]
+        v, _, h = per_req[k][j]
+        rows, attn, hd, fold, calls, V = rows + d.rows, attn + d.attn, hd + h, fold + d.fold, calls or d.fold_calls, V + v
+        t = c.f_of(rows) + c.c_attn * attn + c.c_head * hd + ((c.fold0 + c.fold_row * fold) if calls else 0.0)
+        if V / t > best:
+            best, best_n = V / t, n
+    return best, pick[:best_n]
+
+
+def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, list[int]]]:
+    """Merge every group denser than its parent group into it, until densities never rise down the
+    tree -> (tokens, seconds, members in list order) per group."""
+    head = list(range(len(items)))  # item -> its group's head item
+    val = [v for v, _, _ in items]
+    sec = list(cost)
+    mem = [[j] for j in range(len(items))]
+
+    def find(j: int) -> int:
+        while head[j] != j:
+            j = head[j]
+        return j
+    merged = True
+    while merged:
+        merged = False
+        for g in range(len(items)):
+            if head[g] != g or items[g][1] < 0:
+                continue
+            p = find(items[g][1])
+            if val[g] * sec[p] > val[p] * sec[g]:  # denser than its parent group: merge
+                head[g] = p
+                val[p] += val[g]
+                sec[p] += sec[g]
+                mem[p] = sorted(mem[p] + mem[g])
+                merged = True
+    return [(val[g], sec[g], mem[g]) for g in range(len(items)) if head[g] == g]
+
+
+def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chosen):
+    for _ in range(iterations):
+        pick = []
+        for k, items in enumerate(per_req):
+            if not items:
+                continue
+            d = deltas[k]
+            fold0 = c.fold0 if d.fold_calls and not F.fold_calls else 0.0
+            marginal = (c.f_of(F.rows + d.rows) - c.f_of(F.rows) + c.c_attn * d.attn + c.fold_row * d.fold
+                        + fold0 / max(1, len(items)))
+            w = [v - best * (marginal + c.c_head * h) for v, _, h in items]
+            worth = list(w)
+            for j in range(len(items) - 1, -1, -1):  # children come after parents: bottom-up
+                par = items[j][1]
+                if par >= 0 and worth[j] > 0:
+                    worth[par] += worth[j]
+            taken: set[int] = set()
+            for j, (_, par, _) in enumerate(items):
+                if worth[j] > 0 and (par < 0 or par in taken):
+                    taken.add(j)
+                    pick.append((k, j))
+        pick = _fit(pick, per_req, deltas, F0.rows, max_rows)
+        G, V = _shape(F0, V0, pick, per_req, deltas)
+        r = V / c.predict(G)
+        if r <= best * (1 + 1e-12):
+            break
+        best, chosen, F = r, pick, G
+    return best, chosen
+
+
+def _shape(F0: Shape, V0: float, pick, per_req, deltas) -> tuple[Shape, float]:
+    rows, attn, hd, fold, calls, V = F0.rows, F0.attn, F0.head, F0.fold, F0.fold_calls, V0
+    for k, j in pick:
+        d = deltas[k]
+        v, _, h = per_req[k][j]
+        rows, attn, hd, fold, calls, V = rows + d.rows, attn + d.attn, hd + h, fold + d.fold, calls or d.fold_calls, V + v
+    return Shape(rows, attn, hd, fold, calls), V
+
+
+def _fit(pick, per_req, deltas, rows0: float, max_rows: float):
+    """The pick cut to the row budget: drafts in list order, per request in turn (closed)."""
+    rows = rows0 + sum((deltas[k].fold or deltas[k].rows) for k, _ in pick)
+    if rows <= max_rows:
+        return pick
+    out, rows = [], rows0
+    for k, j in pick:
+        r = deltas[k].fold or deltas[k].rows
+        if rows + r <= max_rows:
+            out.append((k, j))
+            rows += r
+    keep = set(out)
+    return [(k, j) for k, j in out if per_req[k][j][1] < 0 or (k, per_req[k][j][1]) in keep]

@@ -178,6 +178,12 @@ def _verifier_name(verifier) -> str:
     return f"{getattr(verifier, 'name', 'other')}:{getattr(verifier, 'backend', '')}"
 
 
+def cache_path(key: dict) -> Path:
+    """The cache file of a cost model key."""
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"cost-{digest}.json"
+
+
 _MODELS: dict[str, CostModel] = {}
 _LOCK = threading.Lock()
 
@@ -186,12 +192,12 @@ def cost_model_for(model, spec, verifier, window: int, max_rows: int, budget_s: 
     """The process's cost model for this machine, model, dtype, threads and verifier: from memory,
     else from the cache file, else calibrated now (and written to the cache)."""
     key = cost_key(model, spec, verifier, window)
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_path(key)
+    digest = str(path)
     with _LOCK:
         m = _MODELS.get(digest)
         if m is not None:
             return m
-        path = cache_dir() / f"cost-{digest}.json"
         try:
             m = CostModel.from_dict(json.loads(path.read_text()))
             if m.key != key:

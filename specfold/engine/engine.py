@@ -169,7 +169,7 @@ class Engine:
         their verification (root + the policy's drafts, made lazily), the budget chooser picks the
         drafts of all of them at once (engine/budget.py), then the jobs are built. A request with no
         job is done. Returns the plans and the chooser's predicted step seconds (auto budgets)."""
-        propose = getattr(self.program, "propose", None)
+        propose = getattr(self.program, "propose", None) if self.budget.drafts else None
         props = [propose(req) if propose is not None else None for req in self.running]
         base = {}
         for req, p in zip(self.running, props):

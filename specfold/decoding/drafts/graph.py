@@ -113,7 +113,12 @@ class DraftGraph:
         nodes = [Node(new[self.nodes[i - 1].parent], self.nodes[i - 1].pairs) for i in keep]
         if not nodes:
             raise GraphError(f"the draft graph has no node at depth <= {depth}")
-        return DraftGraph(nodes, dict(self.meta) | {"graph_depth": depth}, self.version)
+        meta = dict(self.meta) | {"graph_depth": depth}
+        for name in ("counts", "hit_rate_estimate"):  # per-node calibration lists follow their nodes
+            per = meta.get(name)
+            if isinstance(per, list) and len(per) >= len(self.nodes):
+                meta[name] = [per[i - 1] for i in keep]
+        return DraftGraph(nodes, meta, self.version)
 
     @classmethod
     def chain(cls, depth: int, k: int = 1) -> "DraftGraph":

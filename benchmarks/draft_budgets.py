@@ -1,0 +1,182 @@
+"""Auto draft budgets against fixed ones and vanilla (issue 23), side by side in one process.
+
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/draft_budgets.py [--model tiny]
+        [--widths native,0.5b] [--rules native,static] [--batches 1,16] [--budgets auto,0,1,2,4,7]
+        [--methods freedave,spiffy,specfold] [--n 8] [--rounds 2] [--max-new-tokens 48]
+        [--runs runs/widened] [--out FILE.json]
+
+Per (width, rule, batch) cell: vanilla, and every speculative method at every budget, on the same
+held-out problems (the tiny task, chat template, greedy). A run is one `LLM.generate` call over
+`batch` prompts (batch 1: one prompt at a time, `n` of them; batch B: B prompts at once through one
+engine, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
+repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
+run first (its cost model calibration, from the cache after the first, and a first acceptance
+estimate). Reported per configuration: tokens per process-CPU-second (`time.process_time` around
+each call: steadier than the wall clock on a shared core; one thread) and per wall second, each as
+a ratio to vanilla's; NFE per request; the token match with vanilla; for auto the budgets it chose
+(drafts per verification: distribution and mean) and the predicted/measured step time.
+
+Widened checkpoints (`specfold widen`, 0.5B preset width, the source's depth) are cost proxies with
+the source's function (benchmarks/widened.py); they are kept under --runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from specfold import LLM, DecodeParams  # noqa: E402
+from specfold.eval.tasks import get_task  # noqa: E402
+from widened import RULES, widened_folder  # noqa: E402
+
+METHODS = {"freedave": dict(method="freedave", draft_depth=8), "spiffy": dict(method="spiffy", branches=7),
+           "specfold": dict(method="specfold", drafts="spiffy", branches=7)}
+
+
+def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[str, DecodeParams]:
+    base = dict(chat_template=True, max_new_tokens=max_new, **RULES[rule])
+    out = {"vanilla": DecodeParams(**base)}
+    for m in methods:
+        for b in budgets:
+            out[f"{m} {b}"] = DecodeParams(**base, **METHODS[m], draft_budget=b)
+    return out
+
+
+def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
+    chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
+    for p in params.values():  # warm-up (untimed)
+        llm.generate(chunks[0], p)
+    recs: dict[str, list[dict]] = {k: [] for k in params}
+    for _ in range(rounds):
+        for chunk in chunks:
+            for name, p in params.items():
+                c0, w0 = time.process_time(), time.perf_counter()
+                outs = llm.generate(chunk, p)
+                cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+                budgets = Counter()
+                pred = meas = 0.0
+                for o in outs:
+                    for k, v in o.stats.extra.get("draft_budgets", {}).items():
+                        budgets[int(k)] += v
+                    pred += o.stats.extra.get("predicted_seconds", 0.0)
+                    meas += o.stats.extra.get("model_seconds", 0.0)
+                recs[name].append({"cpu": cpu, "wall": wall, "tokens": sum(o.stats.tokens for o in outs),
+                                   "nfe": sum(o.stats.nfe for o in outs), "n": len(outs),
+                                   "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets),
+                                   "predicted": pred, "measured": meas})
+    return recs
+
+
+def summarize(recs: dict[str, list[dict]]) -> list[dict]:
+    ref = recs["vanilla"]
+    rows = []
+    for name, rs in recs.items():
+        tok = sum(r["tokens"] for r in rs)
+        b = Counter()
+        for r in rs:
+            b.update(r["budgets"])
+        ver = sum(b.values())
+        match = [a == c for r, v in zip(rs, ref) for a, c in zip(r["ids"], v["ids"])]
+        pred, meas = sum(r["predicted"] for r in rs), sum(r["measured"] for r in rs)
+        rows.append({"config": name, "tpcpu": tok / sum(r["cpu"] for r in rs), "tps": tok / sum(r["wall"] for r in rs),
+                     "nfe": sum(r["nfe"] for r in rs) / sum(r["n"] for r in rs), "match": sum(match) / len(match),
+                     "budgets": dict(sorted(b.items())),
+                     "mean_budget": sum(k * v for k, v in b.items()) / ver if ver else 0.0,
+                     "pred_over_meas": pred / meas if pred and meas else None})
+    v = rows[0]
+    for r in rows:
+        r["x_cpu"], r["x_wall"] = r["tpcpu"] / v["tpcpu"], r["tps"] / v["tps"]
+    return rows
+
+
+def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
+    """Per method: auto against vanilla (>= 0.97) and against the best fixed budget (within 3 %)."""
+    by = {r["config"]: r for r in rows}
+    out = []
+    for m in methods:
+        auto = by.get(f"{m} auto")
+        fixed = [r for k, r in by.items() if k.startswith(m + " ") and k != f"{m} auto"]
+        if auto is None or not fixed:
+            continue
+        best = max(fixed, key=lambda r: r["tpcpu"])
+        out.append(f"{m}: auto {auto['x_cpu']:.2f}x vanilla (aim >= 0.97: {'met' if auto['x_cpu'] >= 0.97 else 'NOT met'}); "
+                   f"best fixed {best['config'].split()[1]} {best['x_cpu']:.2f}x; auto/best "
+                   f"{auto['tpcpu'] / best['tpcpu']:.3f} (aim >= 0.97: "
+                   f"{'met' if auto['tpcpu'] >= 0.97 * best['tpcpu'] else 'NOT met'})")
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| config | tok/CPU-s | (×v) | tok/s | (×v) | NFE/req | match | drafts/verif. (auto: chosen) | pred/meas |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bud = "" if not r["budgets"] else f"{r['mean_budget']:.2f} {r['budgets']}" if r["config"].endswith("auto") \
+            else f"{r['mean_budget']:.2f}"
+        pm = "—" if r["pred_over_meas"] is None else f"{r['pred_over_meas']:.2f}"
+        lines.append(f"| {r['config']} | {r['tpcpu']:.1f} | {r['x_cpu']:.2f} | {r['tps']:.1f} | {r['x_wall']:.2f} | "
+                     f"{r['nfe']:.1f} | {r['match']:.2f} | {bud} | {pm} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--widths", default="native,0.5b")
+    ap.add_argument("--rules", default="native,static")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--budgets", default="auto,0,1,2,4,7")
+    ap.add_argument("--methods", default="freedave,spiffy,specfold")
+    ap.add_argument("--n", type=int, default=8, help="problems per batch-1 cell (batch B: B problems)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--offset", type=int, default=0, help="first held-out problem")
+    ap.add_argument("--runs", default=str(ROOT / "runs" / "widened"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    methods = a.methods.split(",")
+    budgets = [b if b == "auto" else int(b) for b in a.budgets.split(",")]
+    task = get_task("tiny")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    started = datetime.now(timezone.utc)
+    results = {}
+    for width in a.widths.split(","):
+        ckpt, _ = widened_folder(a.model, width, None, Path(a.runs))
+        llm = LLM(ckpt, dtype="float32")
+        for rule in a.rules.split(","):
+            for batch in (int(x) for x in a.batches.split(",")):
+                n = a.n if batch == 1 else batch
+                prompts = [s.prompt for s in task.load(None, a.offset + n)[a.offset:]]
+                t0 = time.perf_counter()
+                recs = run_cell(llm, prompts, batch, configs(methods, budgets, rule, a.max_new_tokens), a.rounds)
+                rows = summarize(recs)
+                key = f"{width} width, {rule} rule, batch {batch}"
+                results[key] = rows
+                print(f"\n### {key} ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n\n"
+                      + "\n".join(f"- {v}" for v in verdicts(rows, methods)), flush=True)
+    head = (f"Command: `OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/draft_budgets.py "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}`; {platform.machine()} CPU, {a.threads} thread, "
+            f"float32, commit {commit}, started {started:%Y-%m-%d %H:%M} UTC, took "
+            f"{(datetime.now(timezone.utc) - started).seconds} s.")
+    print("\n" + head)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"header": head, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Draft budgets (engine/budget.py, engine/cost.py, decoding/drafts/acceptance.py).
+
+- The chooser's optimisation against a brute force over every set of drafts closed under parents.
+- Auto budgets never change tokens (float64, one request at a time and batched with staggered joins),
+  on a cost model of a machine where drafts sometimes pay, so the choice really varies: budgets of
+  several sizes, zero, and picks that are not a prefix of the policy's list.
+- Fixed budgets: 0 verifies no draft (vanilla's forwards), N at most N per verification.
+- The cost model: calibration writes the cache file, the next engine reads it; the key tells a
+  widened copy (same fingerprint) apart; online refinement converges to a known cost law.
+- Acceptance estimates: calibration priors from the graph meta, refined by counted hits.
+- Per-branch head rows: the same logits as the shared layout, and fewer head rows.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
+from specfold.decoding.drafts import acceptance as A
+from specfold.decoding.drafts.graph import DraftGraph, Node
+from specfold.engine import cost as C
+from specfold.engine.budget import best_closure
+from specfold.engine.cost import CostModel, Shape
+from specfold.errors import ParamsError
+from specfold.models.forward import Forward
+from tests.test_engine import FAMILIES, MAX_NEW, MIXED, PROMPTS, _batched
+
+METHODS = {
+    "freedave": dict(method="freedave", draft_depth=6),
+    "freedave_eager": dict(method="freedave", draft_depth=6, eager=True),
+    "spiffy": dict(method="spiffy", branches=8, graph=MIXED),
+    "specfold": dict(method="specfold", drafts="spiffy", branches=8, graph=MIXED, delta=0.0),
+    "specfold_chain": dict(method="specfold", drafts="freedave", draft_depth=4, delta=0.0),
+}
+
+
+# ---------------------------------------------------------------------------- the optimisation
+def _ratio(F0, V0, per_req, deltas, cost, sel):
+    F, V = F0, V0
+    for k, j in sel:
+        v, _, h = per_req[k][j]
+        F, V = F.plus(Shape(deltas[k].rows, deltas[k].attn, h, deltas[k].fold, deltas[k].fold_calls)), V + v
+    return V / cost.predict(F)
+
+
+def _brute(F0, V0, per_req, deltas, cost):
+    items = [(k, j) for k, its in enumerate(per_req) for j in range(len(its))]
+    best = V0 / cost.predict(F0)
+    for mask in range(1 << len(items)):
+        sel = [items[i] for i in range(len(items)) if mask >> i & 1]
+        have = set(sel)
+        if all(per_req[k][j][1] < 0 or (k, per_req[k][j][1]) in have for k, j in sel):
+            best = max(best, _ratio(F0, V0, per_req, deltas, cost, sel))
+    return best
+
+
+@pytest.mark.parametrize("shape", ["linear", "sublinear"])
+def test_best_closure_against_brute_force(shape):
+    """On random forests of drafts (values not monotone along paths), random costs: the chosen set is
+    closed under parents and reaches the best ratio of all closed sets (linear costs: exactly;
+    sub-linear piecewise costs: to 0.5 %)."""
+    rng = random.Random(23)
+    worst = 1.0
+    for _ in range(150):
+        base = rng.uniform(0.5, 2.0)
+        if shape == "linear":
+            cost = CostModel([8, 16], [base, base + rng.uniform(0.02, 0.4) * base], 0.0, rng.uniform(0, 0.02))
+        else:
+            f = [base]
+            for _ in range(4):
+                f.append(f[-1] + rng.uniform(0.05, 1.0) * base)
+            cost = CostModel([8, 16, 32, 64, 128], f, 0.0, rng.uniform(0, 0.02))
+        per_req, deltas = [], []
+        for _ in range(rng.randint(1, 3)):
+            items = []
+            for j in range(rng.randint(1, 5)):
+                items.append((rng.uniform(0, 1), rng.randint(-1, j - 1), rng.randint(1, 8)))
+            per_req.append(items)
+            deltas.append(Shape(8, 0, 0))
+        F0, V0 = Shape(8 * len(per_req), 0, 4 * len(per_req)), float(len(per_req))
+        got = best_closure(cost, F0, V0, per_req, deltas)
+        have = set(got)
+        assert all(per_req[k][j][1] < 0 or (k, per_req[k][j][1]) in have for k, j in got)
+        worst = min(worst, _ratio(F0, V0, per_req, deltas, cost, got) / _brute(F0, V0, per_req, deltas, cost))
+    assert worst >= (1 - 1e-9 if shape == "linear" else 0.995), worst
+
+
+def test_best_closure_takes_nothing_when_nothing_pays_and_respects_the_row_budget():
+    cost = CostModel([8, 16], [1.0, 2.0], 0.0, 0.0)  # a draft costs as much as a root: it must be sure
+    per = [[(0.9, -1, 1), (0.8, 0, 1)]]
+    assert best_closure(cost, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)]) == []
+    cheap = CostModel([8, 16], [1.0, 1.01], 0.0, 0.0)
+    assert best_closure(cheap, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)]) == [(0, 0), (0, 1)]
+    assert best_closure(cheap, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)], max_rows=16) == [(0, 0)]
+
+
+# ---------------------------------------------------------------------------- budgets never change tokens
+def _install_cost(llm, config: EngineConfig, slope: float) -> None:
+    """A cost model of a machine where a draft's rows cost `slope` of a root-only step per row (into
+    the cost cache the engines read): drafts pay when they are likely to be reached, not always."""
+    from specfold.engine.engine import build_program
+    cfg = config.resolve(llm.spec)
+    prog = build_program(llm.model, llm.spec, cfg)
+    key = C.cost_key(llm.model, llm.spec, prog.verifier, cfg.block_size or 16)
+    grid = [8 * 2 ** i for i in range(8)]
+    m = CostModel(grid, [1.0 + slope * g for g in grid], 0.0, 0.002, fold0=0.05, fold_row=0.002 * slope, key=key)
+    m.save(C.cache_path(key))
+    C.forget_models()
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("family", ["bc", "bc_shift", "bi"])
+def test_auto_budgets_never_change_tokens(checkpoint, family, method):
+    if METHODS[method].get("eager") and FAMILIES[family]["attention"] != "block_causal":
+        pytest.skip("eager windows need a block-causal family")
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, **FAMILIES[family]), dtype="float64")
+    A.reset_registry()
+    van = DecodeParams(rule="threshold", threshold=0.6)
+    auto = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS[method])
+    cfg = auto.split()[0]
+    _install_cost(llm, cfg, slope=0.1 / 8)
+    want = [llm.generate([pr], van.replace(max_new_tokens=n, seed=i))[0] for i, (pr, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+    budgets, picks = {}, []
+    alone = [llm.generate([pr], auto.replace(max_new_tokens=n, seed=i))[0] for i, (pr, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+    for g, w in zip(alone, want):
+        assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+        assert g.stats.nfe <= w.stats.nfe
+        for k, v in g.stats.extra["draft_budgets"].items():
+            budgets[k] = budgets.get(k, 0) + v
+    for stagger in (0, 1):
+        eng_outs = _batched_picks(llm, cfg, stagger, picks)
+        for g, w in zip(eng_outs, want):
+            assert g.token_ids == w.token_ids and g.finish_reason == w.finish_reason
+            for k, v in g.stats.extra["draft_budgets"].items():
+                budgets[k] = budgets.get(k, 0) + v
+    # the choice really varies: no drafts at some verifications, several budget sizes at others
+    assert 0 in budgets and len([k for k in budgets if k > 0]) >= 2, budgets
+    if method.startswith("spiffy") or method == "specfold":  # a graph: some pick is not a prefix
+        assert any(p != list(range(len(p))) for p in picks), picks
+
+
+def _batched_picks(llm, cfg, stagger, picks):
+    """`_batched` of test_engine, also recording every request's pick after each step."""
+    eng = llm.engine(cfg)
+    outs, ids, nxt, step = {}, [], 0, 0
+    while nxt < len(PROMPTS) or eng.has_unfinished():
+        while nxt < len(PROMPTS) and step >= nxt * stagger:
+            ids.append(eng.add_request(PROMPTS[nxt], SamplingParams(max_new_tokens=MAX_NEW[nxt], seed=nxt)))
+            nxt += 1
+        for d in eng.step():
+            if d.finished:
+                outs[d.request_id] = d.output
+        picks += [r.draft_pick for r in eng.running if r.draft_pick]
+        step += 1
+    return [outs[r] for r in ids]
+
+
+def test_auto_is_exact_at_temperature_and_on_the_tiny_model():
+    """Sampling keyed by exact states (T > 0) and the shipped model with its graphs: auto = vanilla."""
+    llm = LLM("tiny", dtype="float64")
+    qs = ["Tom has 3 apples and buys 5 more. How many apples?", "What is 7 + 8?", "Sam had 10 pens and lost 4."]
+    for rule in (None, "static"):
+        base = DecodeParams(chat_template=True, max_new_tokens=32, rule=rule, temperature=0.7, seed=5)
+        van = [o.token_ids for o in llm.generate(qs, base)]
+        for kw in (dict(method="freedave"), dict(method="spiffy"), dict(method="specfold", delta=0.0)):
+            p = base.replace(draft_budget="auto", **kw)
+            assert [o.token_ids for o in llm.generate(qs, p)] == van, (rule, kw)
+            assert [llm.generate([q], p)[0].token_ids for q in qs] == van, (rule, kw)
+
+
+# ---------------------------------------------------------------------------- fixed budgets
+def test_fixed_budgets(checkpoint):
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    base = DecodeParams(rule="threshold", threshold=0.6, max_new_tokens=24, early_stop=False)
+    van = llm.generate(PROMPTS[:3], base)
+    for n in (0, 1, 3):
+        outs = llm.generate(PROMPTS[:3], base.replace(method="spiffy", branches=8, graph=MIXED, draft_budget=n))
+        for o, v in zip(outs, van):
+            assert o.token_ids == v.token_ids
+            assert max(o.stats.extra["draft_budgets"]) <= n
+            if n == 0:
+                assert o.stats.nfe == v.stats.nfe and o.stats.extra["drafts_verified"] == 0
+    full = llm.generate(PROMPTS[:3], base.replace(method="spiffy", branches=8, graph=MIXED, draft_budget=64))
+    assert sum(o.stats.nfe for o in full) < sum(o.stats.nfe for o in van)  # teeth: drafts do save forwards
+
+
+def test_draft_budget_validation():
+    for bad in (-1, 1.5, True, "many", None):
+        with pytest.raises(ParamsError, match="draft_budget must be 'auto' or an integer >= 0"):
+            EngineConfig(draft_budget=bad)
+    with pytest.raises(ParamsError, match="draft_budget"):
+        DecodeParams(draft_budget=-2)
+    assert EngineConfig().draft_budget == "auto" and DecodeParams().draft_budget == "auto"
+    assert EngineConfig(draft_budget="3").draft_budget == 3 and EngineConfig(draft_budget=0).draft_budget == 0
+
+
+# ---------------------------------------------------------------------------- the cost model
+def test_calibration_is_cached_and_keyed(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    C.forget_models()
+    llm = LLM("tiny", dtype="float32")
+    eng = llm.engine(EngineConfig(method="spiffy"))
+    first = eng.budget.cost
+    files = list((tmp_path / "specfold").glob("cost-*.json"))
+    assert len(files) == 1 and first.calibration_seconds < 10
+    saved = json.loads(files[0].read_text())
+    assert saved["key"]["model"] and saved["key"]["hidden"] == llm.spec.hidden_size
+    assert saved["key"]["threads"] == torch.get_num_threads() and saved["key"]["dtype"] == "torch.float32"
+    assert len(saved["grid"]) >= 2 and all(b >= a for a, b in zip(saved["f"], saved["f"][1:]))
+    C.forget_models()
+    again = llm.engine(EngineConfig(method="spiffy")).budget.cost
+    assert again is not first and again.f == saved["f"] and again.calibration_seconds == saved["calibration_seconds"]
+    # a widened copy computes the same function (same fingerprint) but not at the same cost
+    import dataclasses
+    spec = llm.spec
+    wide = dataclasses.replace(spec, hidden_size=spec.hidden_size * 2,
+                               extra={**spec.extra, "widened_from": {"fingerprint": C.cost_key(llm.model, spec, None, 16)["model"]}})
+    k1, k2 = C.cost_key(llm.model, spec, None, 16), C.cost_key(llm.model, wide, None, 16)
+    assert k1["model"] == k2["model"] and k1 != k2 and C.cache_path(k1) != C.cache_path(k2)
+    C.forget_models()
+
+
+def test_online_refinement_converges_to_the_machine():
+    """Steps timed from a known cost law: the model, started far off, predicts it within 5 %."""
+    def law(s: Shape) -> float:
+        return 0.004 + 2e-4 * s.rows + 1e-7 * s.attn + 5e-5 * s.head + (0.003 + 1e-4 * s.fold if s.fold_calls else 0)
+    grid = [16, 32, 64, 128, 256, 512]
+    m = CostModel(grid, [0.02 + 1e-3 * g for g in grid], 1e-6, 1e-3, 0.01, 1e-3)
+    rng = random.Random(0)
+    shapes = []
+    for _ in range(3000):
+        rows = rng.choice(grid) * rng.uniform(0.6, 1.0)
+        fold = rng.choice([0, 0, rows * 0.5])
+        s = Shape(rows, rows * rng.uniform(16, 96), rows * rng.uniform(0.2, 0.6), fold, int(fold > 0))
+        shapes.append(s)
+        m.observe(s, law(s) * rng.uniform(0.97, 1.03))
+    err = max(abs(m.predict(s) - law(s)) / law(s) for s in shapes[-200:])
+    assert err < 0.05, err
+
+
+# ---------------------------------------------------------------------------- acceptance
+def test_acceptance_priors_and_online_counts(tmp_path):
+    g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),))],
+                   {"hit_rate_estimate": [0.6, 0.3, 0.05], "counts": [60, 30, 5], "roots": 100})
+    acc = A.Acceptance(A.graph_priors(g))
+    assert acc.p(1) == pytest.approx(0.6) and acc.p(3) == pytest.approx(0.05)
+    assert acc.optimistic(2) > acc.p(2)
+    for _ in range(200):
+        acc.drafted(3)
+        acc.hit(3)
+    assert acc.p(3) > 0.95  # the online counts outweigh the prior
+    chain = A.graph_priors(DraftGraph.chain(3))
+    assert chain[1][0] > chain[2][0] > chain[3][0]
+    # the shipped graphs carry their calibration's estimates, and to_depth keeps them per node
+    from specfold.decoding.drafts.spiffy import GRAPHS
+    shipped = DraftGraph.load(GRAPHS / "tiny_static.json")
+    pri = A.graph_priors(shipped)
+    assert len(pri) == len(shipped) and pri[1][1] == A.PRIOR_WEIGHT
+    cut = shipped.to_depth(1)
+    assert len(A.graph_priors(cut)) == len(cut)
+
+
+# ---------------------------------------------------------------------------- per-branch head rows
+def test_head_rows_equal_the_shared_layout(checkpoint):
+    llm = LLM(checkpoint("qwen2", block_size=8), dtype="float64")
+    m = llm.model
+    g = torch.Generator().manual_seed(0)
+    toks = torch.randint(0, 90, (3, 8), generator=g)
+    pos = torch.arange(8)
+    at = torch.tensor([1, 4, 6])
+    rows = torch.tensor([1, 4, 8 + 2, 16 + 4, 16 + 6])  # branch 0: 1, 4; branch 1: 2; branch 2: 4, 6
+    shared, own = m.forward_many([Forward(toks, pos, logits_at=at), Forward(toks, pos, head_rows=rows)])
+    flat = shared.logits.new_zeros(3, 8, shared.logits.shape[-1])
+    flat[:, at] = shared.logits
+    assert own.logits.shape == (1, 5, shared.logits.shape[-1])
+    for i, r in enumerate(rows.tolist()):
+        if r % 8 in at.tolist():
+            assert torch.allclose(own.logits[0, i], flat[r // 8, r % 8], atol=1e-12, rtol=0)
+
+
+def test_a_verification_pays_the_head_only_for_its_own_rows(checkpoint):
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8), dtype="float64")
+    eng = llm.engine(EngineConfig(method="freedave", draft_depth=6, rule="static", tokens_per_step=1, draft_budget=64))
+    eng.add_request([5, 6, 7], SamplingParams(max_new_tokens=16))
+    fewer = 0
+    while eng.has_unfinished():
+        for req in eng.running:  # plan is pure: the jobs this step will run
+            for j in eng.program.plan(req):
+                if j.kind == "verify" and len(j.tokens) > 1:
+                    union = {r % j.width for r in j.rows_at}
+                    assert j.head_rows <= len(j.tokens) * len(union)
+                    fewer += j.head_rows < len(j.tokens) * len(union)
+        eng.step()
+    assert fewer > 0
