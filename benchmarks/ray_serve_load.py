@@ -35,8 +35,8 @@ def start(port: int, max_tokens: int, replicas: int | None, model: str = "tiny")
     """`specfold serve --model tiny` (with `--replicas`: on Ray); returns once every replica answers."""
     import httpx
     extra = ["--replicas", str(replicas), "--replica-cpus", "1"] if replicas else ["--threads", "1"]
-    cmd = [sys.executable, "-c", CLI, "serve", "--model", model, "--port", str(port), "--max-new-tokens",
-           str(max_tokens), "--log-level", "warning", *extra]
+    cmd = [sys.executable, "-c", CLI, "serve", "--model", model, "--served-model-name", "tiny", "--port", str(port),
+           "--max-new-tokens", str(max_tokens), "--log-level", "warning", *extra]  # (the clients ask for "tiny")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", RAY_USAGE_STATS_ENABLED="0")
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -102,6 +102,8 @@ def main() -> int:
     for _ in range(a.repeats):
         for name, n in runs:
             r = measure(n, questions, a)
+            if r["errors"]:
+                raise RuntimeError(f"{r['errors']} of {r['requests']} requests failed on {name}")
             rows.append(dict(r, server=name, replicas=n))
             print(row(name, r) + (f" served per replica {r['served']}" if n else ""), flush=True)
     best = {n: max(r["req_per_s"] for r in rows if r["replicas"] == n) for _, n in runs}

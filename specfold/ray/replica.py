@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 
 import ray
+import torch
 from ray import serve
 
 from specfold.engine.engine import RequestDelta
@@ -44,7 +45,7 @@ class EngineReplica:
         self.identity = {"replica_id": ctx.replica_tag, "actor_name": rt.get_actor_name(),
                          "namespace": SERVE_NAMESPACE, "node_id": rt.get_node_id(), "pid": os.getpid(),
                          "num_cpus": config.num_cpus, "num_gpus": config.num_gpus,
-                         "torch_threads": config.threads}
+                         "torch_threads": torch.get_num_threads()}  # what torch runs with, as set by load()
         self.requests_served = 0
         self.started = time.time()
         self.period = config.health_check_period_s
