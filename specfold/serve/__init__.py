@@ -2,15 +2,20 @@
 
 - protocol.py: request validation, error bodies, response and chunk shapes (no FastAPI);
 - runner.py: the engine thread (steps the Engine continuously) and the queues to the handlers;
-- app.py: the FastAPI app (/v1/models, /v1/completions, /v1/chat/completions, /health).
+- app.py: the FastAPI app (/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics);
+- limits.py: the body cap, the character bound on prompts, tokenization with the GIL released;
+- auth.py: `--api-key` (a plain ASGI middleware on /v1/*);
+- metrics.py: the Prometheus series of /metrics (one registry per app).
 
 The engine (method, draft policy, graph, branches, δ, backend, scheduler limits) is fixed by CLI flags
 when the server starts; clients choose only what a request may choose (see protocol.py and
-docs/SERVING.md). Needs the `serve` extra (fastapi, uvicorn), imported only when the server runs.
+docs/SERVING.md). Needs the `serve` extra (fastapi, uvicorn, prometheus-client), imported only when
+the server runs.
 """
 from __future__ import annotations
 
 import argparse
+import os
 
 from specfold.errors import SpecfoldError
 from specfold.extras import require
@@ -29,9 +34,18 @@ def build_engine(llm, a: argparse.Namespace):
     return Engine(llm, engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting))
 
 
+def api_key(a: argparse.Namespace) -> str | None:
+    """--api-key, else $SPECFOLD_API_KEY, else None (no key); an empty key is refused."""
+    key = a.api_key if a.api_key is not None else os.environ.get("SPECFOLD_API_KEY")
+    if key is not None and not key.strip():
+        raise SpecfoldError("the API key (--api-key or SPECFOLD_API_KEY) is empty; give a key or leave both unset")
+    return key
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise SpecfoldError(f"--port {a.port} is not a TCP port; accepted: 0-65535 (0 = any free port)")
+    api_key(a)  # a bad key fails before the model is loaded
     require("serve", "specfold serve")  # also when cmd_serve is called without the CLI's check
     import uvicorn
 
@@ -40,14 +54,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
     llm = llm_from_args(a)
     engine = build_engine(llm, a)
     name = a.served_model_name or str(a.model)
-    config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature)
+    config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature,
+                         max_body_bytes=a.max_body_bytes, api_key=api_key(a))
     app = create_app(llm, engine, config)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
     return 0
 
 
 def register(sub) -> None:
-    from specfold.args import add_decode_args, add_engine_args, add_model_args
+    from specfold.args import add_decode_args, add_engine_args, add_model_args, positive_int
+    from specfold.serve.limits import MAX_BODY_BYTES
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)",
                        description="Engine flags are fixed for the server's life; --max-new-tokens and "
                                    "--temperature are the defaults of requests that give none; a request "
@@ -60,5 +76,9 @@ def register(sub) -> None:
     g.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: --model as given)")
     g.add_argument("--max-waiting", type=int, default=256, help="requests queued beyond those; more get 429")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g.add_argument("--api-key", default=None, help="every /v1/* request needs 'Authorization: Bearer KEY' "
+                   "(default: $SPECFOLD_API_KEY; unset: no key)")
+    g.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES,
+                   help=f"larger request bodies get 413 before they are read (default {MAX_BODY_BYTES})")
     add_engine_args(p)
     p.set_defaults(func=cmd_serve)

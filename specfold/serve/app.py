@@ -1,8 +1,14 @@
-"""The FastAPI app: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE), /health.
+"""The FastAPI app: /v1/models, /v1/completions, /v1/chat/completions (plain and SSE), /health,
+/metrics.
 
 Invariants:
 - Handlers never decode: they validate (protocol.py), tokenise, submit one group of engine requests
   to the runner (runner.py) and await its deltas. Concurrent clients are batched by the engine.
+- Bounded work per request (limits.py): a body over `max_body_bytes` is 413 before it is read; a
+  prompt with more characters than its token budget can stand for is refused before it is
+  tokenized; templating and tokenizing run in a worker thread with the GIL released while the
+  tokenizer works, so other streams and the engine thread go on.
+- With `api_key`, every /v1/* request needs it (auth.py); /health and /metrics stay open.
 - Choice `i` of a request (prompt `p`, `n` choices) is the engine request of `seed + i`, index
   `p * n + i` (the request's `seed`, or one drawn at random when absent).
 - A client that goes away (stream or not) has its unfinished engine requests aborted at once.
@@ -24,6 +30,7 @@ from specfold.errors import EngineFull, SpecfoldError
 from specfold.params import SamplingParams
 from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, choice, chunk_choice, envelope,
                                      new_id, parse_request, usage)
+from specfold.serve.limits import MAX_BODY_BYTES, max_chars_per_token, read_body, tokenize
 from specfold.serve.runner import EngineRunner
 
 log = logging.getLogger("specfold.serve")
@@ -34,6 +41,8 @@ class ServeConfig:
     model_name: str  # what clients pass as `model`
     max_tokens: int = 256  # when a request gives no max_tokens
     temperature: float = 0.0  # when a request gives no temperature
+    max_body_bytes: int = MAX_BODY_BYTES  # a larger request body is 413, refused before it is read
+    api_key: str | None = None  # when set, every /v1/* request needs `Authorization: Bearer <key>`
 
 
 def engine_error(e: BaseException) -> ApiError:
@@ -52,7 +61,11 @@ class Service:
     """What the handlers need: the LLM (tokenizer, spec), the runner and the config."""
 
     def __init__(self, llm, runner: EngineRunner, config: ServeConfig):
+        from specfold.serve.metrics import ServerMetrics
         self.llm, self.runner, self.config = llm, runner, config
+        self.metrics = ServerMetrics(runner)
+        # no token stands for more characters than this (None: no bound provable for this tokenizer)
+        self.chars_per_token = max_chars_per_token(llm.tokenizer) if llm.tokenizer is not None else None
 
     def check_model(self, name: str) -> None:
         if name != self.config.model_name:
@@ -65,12 +78,30 @@ class Service:
         if tok is None and any(isinstance(t, str) for t in texts):
             raise bad("messages" if req.chat else "prompt", "this checkpoint has no tokenizer: send "
                       "/v1/completions prompts as lists of token ids")
-        out = []
+        out, param = [], "messages" if req.chat else "prompt"
         for t in texts:
-            ids = tok.encode(t) if isinstance(t, str) else list(t)
-            self._check_ids(ids, max_tokens, "messages" if req.chat else "prompt")
+            if isinstance(t, str):
+                self._check_chars(t, max_tokens, param)
+                ids = tokenize(tok, t)  # the GIL is released meanwhile: the loop and the engine run
+            else:
+                ids = list(t)
+            self._check_ids(ids, max_tokens, param)
             out.append(ids)
         return out
+
+    def _check_chars(self, text: str, max_tokens: int, param: str) -> None:
+        """Refuse, without tokenizing it, a text that cannot fit: more characters than the tokens left
+        after max_tokens can stand for (limits.max_chars_per_token)."""
+        ctx, per = self.llm.spec.max_position_embeddings, self.chars_per_token
+        budget = ctx - max_tokens
+        if budget < 1:
+            raise bad("max_tokens", f"max_tokens={max_tokens} leaves no room for a prompt in the model's context "
+                                    f"of {ctx} positions", code="context_length_exceeded")
+        if per is not None and len(text) > budget * per:
+            raise bad(param, f"the prompt of {len(text)} characters cannot fit: no token of this tokenizer "
+                             f"stands for more than {per} characters, so it needs more than {budget} tokens, and "
+                             f"the model's context of {ctx} positions leaves {budget} after max_tokens={max_tokens}",
+                      code="context_length_exceeded")
 
     def _chat_text(self, messages: list[dict]) -> str:
         from jinja2.exceptions import TemplateError
@@ -123,12 +154,13 @@ async def _disconnected(request) -> None:
             return
 
 
-async def collect(group, request, n_items: int):
+async def collect(group, request, n_items: int, tracker):
     """Texts, finish reasons and completion token counts of a group, or None if the client left."""
     texts, reasons, tokens = [""] * n_items, [None] * n_items, [0] * n_items
 
     async def gather():
         async for i, d in group.events():
+            tracker.delta(i, d)
             texts[i] += d.text_delta
             tokens[i] += len(d.new_token_ids)
             if d.finished:
@@ -147,13 +179,19 @@ async def collect(group, request, n_items: int):
         work.cancel()
         watch.cancel()
         group.close()
+        tracker.close()
+
+
+def _close(group, tracker) -> None:
+    group.close()
+    tracker.close()
 
 
 def sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens: int):
+async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens: int, tracker):
     """Server-sent events: one chunk per delta with text, a finish chunk per choice, [DONE]."""
     rid, created = new_id(req.chat), int(time.time())
     tokens = [0] * n_items
@@ -165,6 +203,7 @@ async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens
             for i in range(n_items):
                 yield chunk([chunk_choice(True, i, "", None, first=True)])
         async for i, d in group.events():
+            tracker.delta(i, d)
             tokens[i] = len(d.output.token_ids) if d.output is not None else tokens[i] + len(d.new_token_ids)
             if d.text_delta:
                 yield chunk([chunk_choice(req.chat, i, d.text_delta, None)])
@@ -176,6 +215,7 @@ async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens
         yield sse(engine_error(e).body())
     finally:
         group.close()  # a cancelled generator (client gone) aborts its unfinished requests here
+        tracker.close()
     yield "data: [DONE]\n\n"
 
 
@@ -188,7 +228,7 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
     from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -202,6 +242,9 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
 
     app = FastAPI(title="specfold", lifespan=lifespan)
     app.state.service = service
+    if config.api_key:
+        from specfold.serve.auth import ApiKeyMiddleware
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
 
     @app.exception_handler(ApiError)
     async def api_error(_r, e: ApiError):
@@ -224,14 +267,15 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
                                      type="server_error").body(), status_code=500)
 
     async def generate(request: Request, chat: bool):
-        raw = await request.body()
+        arrival = time.monotonic()
+        raw = await read_body(request, config.max_body_bytes)  # 413 before an oversized body is read
         try:
             body = json.loads(raw)
         except ValueError as e:
             raise bad(None, f"the request body is not valid JSON: {e}", code="invalid_json") from None
         req = parse_request(body, chat)
         service.check_model(req.model)
-        items, prompt_tokens = service.items(req)
+        items, prompt_tokens = await asyncio.to_thread(service.items, req)  # templating and tokenizing
         group = service.runner.submit(items, stream=req.stream)
         try:
             await group.started()
@@ -240,13 +284,14 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
             raise
         except Exception as e:
             raise engine_error(e) from None
+        tracker = service.metrics.track(arrival, [len(ids) for ids, _ in items])
         if req.stream:
             # background: closes the group even when the client leaves before the first chunk
-            return StreamingResponse(stream(group, req, config.model_name, len(items), prompt_tokens),
+            return StreamingResponse(stream(group, req, config.model_name, len(items), prompt_tokens, tracker),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                     background=BackgroundTask(group.close))
+                                     background=BackgroundTask(_close, group, tracker))
         try:
-            got = await collect(group, request, len(items))
+            got = await collect(group, request, len(items), tracker)
         except Exception as e:
             raise engine_error(e) from None
         if got is None:  # the client left; nobody reads this
@@ -275,6 +320,11 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
     async def model(name: str):
         service.check_model(name)
         return model_card()
+
+    @app.get("/metrics")
+    async def metrics():
+        from specfold.serve.metrics import CONTENT_TYPE
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
 
     @app.get("/health")
     async def health():

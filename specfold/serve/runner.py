@@ -117,6 +117,10 @@ class EngineRunner:
         """Engine requests that are neither finished nor aborted (approximate off the engine thread)."""
         return len(self._live)
 
+    def queue_state(self) -> tuple[int, int]:
+        """(running, waiting) requests in the engine (approximate off the engine thread: /metrics)."""
+        return self.engine.num_running(), len(self.engine.waiting)
+
     def health(self) -> dict:
         """What /health reports besides its status: live requests and the counters."""
         return {"running": self.running(), **asdict(self.counters)}
