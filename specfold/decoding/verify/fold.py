@@ -91,7 +91,6 @@ class FoldStats:
             "fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.folded, self.positions)],
             "ffn_fold_ratio": ratio(self.ffn_folded, self.positions),
             "ffn_fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.ffn_folded, self.positions)],
-            "ffn_fold_ratio_per_layer": [f / p if p else None for f, p in zip(self.ffn_folded, self.positions)],
             "fold_verifications": self.verifications,
             "fold_root_only": self.root_only,
         }
