@@ -57,7 +57,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature,
                          max_body_bytes=a.max_body_bytes, api_key=api_key(a))
     app = create_app(llm, engine, config)
-    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level)
+    # not uvicorn.run, which swallows Ctrl-C: after the graceful shutdown, uvicorn re-raises the
+    # signal it caught, so Ctrl-C ends `specfold serve` as every command (130) and SIGTERM too (143)
+    uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level)).run()
     return 0
 
 
