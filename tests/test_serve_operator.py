@@ -153,12 +153,14 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(llm):
         assert r.status_code == 400 and "prompt of 2000 tokens + max_tokens=4 exceeds" in r.json()["error"]["message"]
 
 
-def test_tokenizing_a_long_prompt_does_not_stop_the_other_streams(endless):
+def test_tokenizing_a_long_prompt_does_not_stop_the_other_streams():
     """A prompt just under the bound of a long-context model takes seconds to tokenize; meanwhile the
-    engine thread and the event loop go on (the tokenizer runs with the GIL released)."""
+    engine thread and the event loop go on (the tokenizer runs with the GIL released): a stream
+    sampled at temperature 2 (text in every block) keeps delivering chunks."""
     big = LLM("tiny", overrides={"stop_token_ids": [], "max_position_embeddings": 400_000})
     with live(big) as s:
-        t, events = stream_in_thread(s.url, {"model": "tiny", "prompt": Q, "max_tokens": 512})
+        t, events = stream_in_thread(s.url, {"model": "tiny", "prompt": Q, "max_tokens": 2000, "temperature": 2.0,
+                                             "seed": 1})
         wait_until(lambda: len(events) >= 3, "the stream's first chunks")
         text = "Tom has 3 apples. " * 250_000  # 4.5 M characters: under the bound, ~1.5 M tokens
         t0 = time.monotonic()
@@ -167,10 +169,7 @@ def test_tokenizing_a_long_prompt_does_not_stop_the_other_streams(endless):
         assert r.status_code == 400 and "tokens + max_tokens=4 exceeds" in r.json()["error"]["message"]
         t.join(300)
     during = [e for e in events if t0 < e[0] < t1]
-    gaps = [b[0] - a[0] for a, b in zip(events, events[1:]) if b[0] < t0]
-    typical = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
-    if t1 - t0 > 4 * typical:  # long enough that a blocked loop would have shown
-        assert len(during) >= 2, (t1 - t0, typical, len(during))
+    assert len(during) >= 2, (t1 - t0, len(during), len(events))  # a blocked loop or engine delivers none
     assert events[-1][1] == "[DONE]"
 
 
