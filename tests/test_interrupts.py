@@ -163,3 +163,76 @@ def test_a_fresh_interpreter_ends_quietly(tmp_path, sig, status, line):
     assert p.returncode == status, stderr[-2000:]
     assert stderr.strip().splitlines()[-1].endswith(line)
     assert stdout == ""  # outputs are printed only when every prompt is done
+
+
+# ------------------------------------------------------------------ the handlers themselves
+def test_sigterm_unwinds_as_terminated_and_the_old_handlers_come_back():
+    from specfold.interrupts import Terminated, handling_signals
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    cleaned = []
+    with pytest.raises(Terminated):
+        with handling_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises here, at the next bytecode
+            finally:
+                cleaned.append(True)  # finally blocks run: temp dirs and records are closed
+    assert cleaned == [True]
+    with pytest.raises(KeyboardInterrupt):
+        with handling_signals():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_forked_child_keeps_pythons_own_behaviour():
+    """A worker forked inside the block dies of SIGTERM as Python processes do (no Terminated, so
+    no 'Process ...: Traceback' from multiprocessing)."""
+    from specfold.interrupts import handling_signals
+    with handling_signals():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                time.sleep(30)
+            finally:
+                os._exit(0)  # reached only if SIGTERM were turned into an exception
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        _, raw = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(raw) and os.WTERMSIG(raw) == signal.SIGTERM
+
+
+def test_no_handlers_outside_the_main_thread():
+    import threading
+
+    from specfold.interrupts import handling_signals
+    seen = []
+
+    def run():
+        with handling_signals():
+            seen.append(signal.getsignal(signal.SIGTERM))
+    before = signal.getsignal(signal.SIGTERM)
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert seen == [before]
+
+
+def test_a_signal_inside_an_extension_initialiser_waits_until_it_is_done():
+    """Python code running under a C extension's create_module (as nanobind's enum setup does) is
+    not interrupted; the KeyboardInterrupt comes right after. The initialiser here is a Python
+    function compiled under importlib's frame name: the handler sees the frames it would see."""
+    from importlib.machinery import ExtensionFileLoader
+
+    from specfold.interrupts import handling_signals
+    src = ("def create_module(self, spec):\n    import os, signal, time\n    os.kill(os.getpid(), signal.SIGINT)\n"
+           "    t = time.monotonic()\n    while time.monotonic() - t < 0.5:\n        pass\n    return 'done'\n")
+    ns: dict = {}
+    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
+    loader = ExtensionFileLoader("fake_ext", "/nonexistent/fake_ext.so")
+    results = []
+    with pytest.raises(KeyboardInterrupt):
+        with handling_signals():
+            results.append(ns["create_module"](loader, None))
+            time.sleep(5)  # the deferred SIGINT lands here
+    assert results == ["done"]
