@@ -33,7 +33,9 @@ class ApiKeyMiddleware:
         return scheme.lower() == b"bearer" and hmac.compare_digest(_digest(token.strip()), self._want)
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
+        path, root = scope.get("path", ""), scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted under a prefix (e.g. a Ray Serve route_prefix)
+            path = path[len(root):]
         if scope["type"] != "http" or not (path == "/v1" or path.startswith("/v1/")) or self._authorized(scope):
             return await self.app(scope, receive, send)
         body = json.dumps({"error": {"message": "missing or wrong API key: send 'Authorization: Bearer <key>' "
