@@ -10,8 +10,8 @@ held-out problems (the tiny task, chat template, greedy). A run is one `LLM.gene
 `batch` prompts (batch 1: one prompt at a time, `n` of them; batch B: B prompts at once through one
 engine, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
 repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
-run first (its cost model calibration, from the cache after the first, and a first acceptance
-estimate). Reported per configuration: tokens per process-CPU-second (`time.process_time` around
+run first on two prompts (its cost model calibration, from the cache after the first, and a first
+acceptance estimate). Reported per configuration: tokens per process-CPU-second (`time.process_time` around
 each call: steadier than the wall clock on a shared core; one thread) and per wall second, each as
 a ratio to vanilla's; NFE per request; the token match with vanilla; for auto the budgets it chose
 (drafts per verification: distribution and mean) and the predicted/measured step time.
@@ -56,8 +56,8 @@ def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[
 
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
-    for p in params.values():  # warm-up (untimed)
-        llm.generate(chunks[0], p)
+    for p in params.values():  # warm-up (untimed): calibration or its cache, a first acceptance estimate
+        llm.generate(chunks[0][:2], p)
     recs: dict[str, list[dict]] = {k: [] for k in params}
     for _ in range(rounds):
         for chunk in chunks:

@@ -59,6 +59,7 @@ class Verification:
     rows: list[dict[int, int]]  # per branch: window index -> its row in the job's read (rows_at order)
     extra: int
     read: Read
+    buckets: list[int] | None = None  # per draft: its confidence bucket (acceptance estimates)
 
 
 @dataclass
@@ -81,6 +82,8 @@ class BlockState:
     reuse: list | None = None  # hidden rows of a reused commit that must read a seed token
     verification: Verification | None = None
     proposal: Proposal | None = None  # the current state's proposal (propose/plan may be called again)
+    node_bucket: dict = field(default_factory=dict)  # draft node -> confidence bucket, last verification
+    drafting: bool = True  # the last verification verified drafts (its branches scored look-aheads)
     seen: dict = field(default_factory=dict)  # non-monotone rules: block state -> its Entry (this block's)
 
 
@@ -123,14 +126,15 @@ class BlockProgram:
         """`new_cache(capacity)` makes the request's prefix cache (the engine owns the device)."""
         c, L = req.config, len(req.prompt_ids)
         if not self.spec.uses_cache:
-            st = req.state = BlockState("denoise", tokens=list(req.prompt_ids) + [self.M] * (req.limit - L))
+            st = req.state = BlockState("denoise", tokens=list(req.prompt_ids) + [self.M] * (req.limit - L),
+                                        drafting=req.config.draft_budget != 0)
             st.store.clear(0)
             self._canvas_block(req, st, L)
             return
         N = c.block_size
         req.cache = new_cache(req.limit + N)
         pre = (L // N) * N if self.spec.alignment == "absolute" else L
-        st = req.state = BlockState("prefill", start=pre)
+        st = req.state = BlockState("prefill", start=pre, drafting=req.config.draft_budget != 0)
         st.seq = list(req.prompt_ids) + [self.M] * (req.limit + 2 * N - L)
         if pre == 0:
             self._new_block(req, st)
@@ -285,7 +289,7 @@ class BlockProgram:
                 if entry.node >= 0:
                     cnt.node_hits[entry.node] += 1
                     if self.acceptance is not None:
-                        self.acceptance.hit(entry.node)
+                        self.acceptance.hit(entry.node, st.node_bucket.get(entry.node))
             st.fresh = False
             region = rule.region(rule.candidates(st.tokens, allowed, self.M), ctx.block_origin)
             nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
@@ -336,13 +340,25 @@ class BlockProgram:
         if extra:
             ctx.window_allowed = ctx.allowed + [ctx.start + i < req.limit for i in range(N, W)]
         allowed = [i for i, a in enumerate(ctx.window_allowed) if a]
-        ahead = self.policy.reads_ahead or extra > 0
-        region = self._regions(_pad(state, W, self.M), ctx, N, extra, ahead)
+        root = _pad(state, W, self.M)
+        region = self._regions(root, ctx, N, extra, extra > 0)
+        if self._reads_ahead(st, extra, drafts=False):  # the root's look-ahead: the next drafts' material
+            region = self._regions(root, ctx, N, extra, True)
         parent = st.parent
         nodes = self._max_drafts() if parent is not None else 0
         return Proposal(key, W, ctx.start if self.spec.uses_cache else 0, len(self._need(region)), masked, extra,
                         nodes, make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M,
-                        root_region=region)
+                        root_region=region, root=state, parent=parent, kind=req.config.confidence or "max_prob")
+
+    def _reads_ahead(self, st: BlockState, extra: int, drafts: bool) -> bool:
+        """Whether a verification's branches also score the region the rule reads next (draft
+        material, never read by the rule): in eager windows, for a policy that reads it but never
+        drafts (calibration's recorder), and for a drafting policy while the request drafts (this
+        verification has drafts, or its last one had): a request that verifies no drafts pays no
+        head rows for material nobody uses."""
+        if not self.policy.reads_ahead:
+            return extra > 0
+        return extra > 0 or self.acceptance is None or drafts or st.drafting  # a recorder (no drafts) reads them
 
     def draft_tree(self) -> list[int] | None:
         """The parent of each draft node the policy may propose (0 = the root, i = node i), in list
@@ -369,11 +385,18 @@ class BlockProgram:
         ctx, state = st.ctx, st.tokens
         N, W, extra = len(state), prop.width, prop.extra
         drafts = pick(prop.drafts, req.draft_pick) if prop.nodes and req.draft_pick != [] else []
+        buckets = None
+        if drafts and self.acceptance is not None:
+            b = prop.buckets()
+            buckets = [b[i] for i in (req.draft_pick if req.draft_pick is not None else range(len(b)))]
         req.counters.draft_seconds += prop.seconds
         prop.seconds = 0.0
         branches = [_pad(state, W, self.M)] + [_pad(d.tokens, W, self.M) for d in drafts]
-        ahead = self.policy.reads_ahead or extra > 0
-        regions = [prop.root_region] + [self._regions(b, ctx, N, extra, ahead) for b in branches[1:]]
+        ahead = self._reads_ahead(st, extra, bool(drafts))
+        root = prop.root_region
+        if ahead != self._reads_ahead(st, extra, False):  # drafts after all: the root's look-ahead too
+            root = self._regions(branches[0], ctx, N, extra, ahead)
+        regions = [root] + [self._regions(b, ctx, N, extra, ahead) for b in branches[1:]]
         shift = 1 if self.spec.logits_shift else 0
         rows_at, rows = [], []
         for b, region in enumerate(regions):
@@ -381,7 +404,7 @@ class BlockProgram:
             rows.append({u: len(rows_at) + i for i, u in enumerate(need)})
             rows_at += [b * W + u - shift for u in need]
         read = self._read(req, ctx, branches, rows, N)
-        st.verification = Verification(branches, drafts, regions, rows, extra, read)
+        st.verification = Verification(branches, drafts, regions, rows, extra, read, buckets)
         return Job(branches, ctx.start, req.cache, st.mask, rows_at=rows_at,
                    parents=[-1] + [d.parent for d in drafts], return_hidden=self.windows.wants_hidden,
                    kind="verify", read=read)
@@ -425,10 +448,15 @@ class BlockProgram:
         cnt.add_fold(res.stats)
         cnt.drafts_verified += len(v.drafts)
         cnt.eager_windows += int(v.extra > 0)
-        for d in v.drafts:
+        st.node_bucket = {}
+        if st.parent is not None:  # a block's first step cannot draft: it says nothing
+            st.drafting = bool(v.drafts)
+        for i, d in enumerate(v.drafts):
             cnt.node_drafts[d.node] += 1
             if self.acceptance is not None:
-                self.acceptance.drafted(d.node)
+                b = v.buckets[i] if v.buckets is not None else None
+                st.node_bucket[d.node] = b
+                self.acceptance.drafted(d.node, b)
         cnt.budgets[len(v.drafts)] += 1
         st.store.clear(ctx.start)
         self.windows.remember(st, v.branches, res.hidden, ctx.start)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from specfold.decoding.plugins import Draft
+from specfold.decoding.drafts.acceptance import bucket
+from specfold.decoding.plugins import Draft, Step
 
 
 @dataclass
@@ -36,6 +37,10 @@ class Proposal:
     mask_id: int = -1
     seconds: float = 0.0  # host time spent drafting
     root_region: tuple | None = None  # the root branch's (rule regions, look-aheads), as the job needs them
+    root: list[int] = field(default_factory=list)  # the root state
+    parent: Step | None = None  # the step the drafts are made from (its scores: their confidence)
+    kind: str = "max_prob"  # the confidence kind of those scores
+    _buckets: list[int] | None = field(default=None, repr=False)
     _drafts: list[Draft] | None = field(default=None, repr=False)
     _masks: list[int] | None = field(default=None, repr=False)
 
@@ -60,6 +65,26 @@ class Proposal:
             self._masks = [sum(1 for i in idx if i >= len(d.tokens) or d.tokens[i] == M)  # short: padded with M
                            for d in self.drafts]
         return self._masks
+
+
+    def buckets(self) -> list[int]:
+        """Per draft: the confidence bucket (acceptance.py) of the lowest confidence the parent step
+        gave the positions it fills beyond the root."""
+        if self._buckets is None:
+            conf: dict[int, float] = {}
+            st = self.parent
+            for sc in ((st.ahead, st.scored) if st is not None else ()):
+                if sc is not None:
+                    conf.update(zip(sc.positions, sc.conf))
+            root, M, n = self.root, self.mask_id, len(self.root)
+            out = []
+            for d in self.drafts:
+                t = d.tokens
+                lo = min((conf.get(i, 1.0) for i in range(len(t)) if t[i] != M and (i >= n or root[i] == M)),
+                         default=1.0)
+                out.append(bucket(lo, self.kind))
+            self._buckets = out
+        return self._buckets
 
 
 def pick(drafts: list[Draft], chosen: list[int] | None) -> list[Draft]:

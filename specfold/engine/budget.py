@@ -104,8 +104,8 @@ class BudgetChooser:
         items: list[list] = [[] for _ in live]
         for k in wanted:
             p = live[k][1]
-            for d, m in zip(p.drafts, p.masks_left()):
-                items[k].append((acc.optimistic(d.node) * min(tau, m), d.parent - 1,
+            for d, m, b in zip(p.drafts, p.masks_left(), p.buckets()):
+                items[k].append((acc.optimistic(d.node, b) * min(tau, m), d.parent - 1,
                                  max(1, p.root_rows - (p.masked - m))))
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items) if wanted else []):

@@ -35,10 +35,11 @@ from pathlib import Path
 
 import torch
 
-VERSION = 1
+VERSION = 2
 ETA = 0.15  # online step size (relative)
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
 SAVE_EVERY = 256  # observations between two writes of the refined model
+GROW = 1.5  # a step this far past the last calibrated row count becomes a new grid point
 MIN_SECONDS = 1e-7
 FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9}  # parameter scales
 
@@ -95,6 +96,12 @@ class CostModel:
         """Refine the parameters this step used from its measured time: a normalised LMS step where
         each parameter moves in proportion to its own size (relative updates)."""
         if s.rows <= 0 or seconds <= 0:
+            return
+        if s.rows > GROW * self.grid[-1]:  # past the calibrated range: a measured point of f
+            rest = self.c_attn * s.attn + self.c_head * s.head + ((self.fold0 + self.fold_row * s.fold) if s.fold_calls else 0)
+            self.grid.append(int(round(s.rows)))
+            self.f.append(max(self.f[-1], seconds - rest))
+            self.observations += 1
             return
         pred = self.predict(s)
         e = max(-CLIP * pred, min(CLIP * pred, seconds - pred))
@@ -188,7 +195,7 @@ _MODELS: dict[str, CostModel] = {}
 _LOCK = threading.Lock()
 
 
-def cost_model_for(model, spec, verifier, window: int, max_rows: int, budget_s: float = 3.0) -> CostModel:
+def cost_model_for(model, spec, verifier, window: int, max_rows: int, budget_s: float = 6.0) -> CostModel:
     """The process's cost model for this machine, model, dtype, threads and verifier: from memory,
     else from the cache file, else calibrated now (and written to the cache)."""
     key = cost_key(model, spec, verifier, window)
@@ -222,10 +229,14 @@ def forget_models() -> None:
 
 # ---------------------------------------------------------------------------------------- calibration
 def _time(fn, reps: int = 3) -> float:
-    """Median seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only)."""
+    """Median seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only); one
+    timed call for a slow `fn` (over 0.2 s), three below."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    t0 = time.perf_counter()
     fn()
     sync()
+    if time.perf_counter() - t0 > 0.2:
+        reps = 1
     ts = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -236,7 +247,7 @@ def _time(fn, reps: int = 3) -> float:
     return ts[len(ts) // 2]
 
 
-def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float = 3.0) -> CostModel:
+def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float = 6.0) -> CostModel:
     """Measure this machine: forwards of 1, 2, 4, ... windows (while under `max_rows` and the time
     budget), the attention term from two prefix lengths, the head per row, and the folded verifier's
     own terms when it is one."""
@@ -275,7 +286,8 @@ def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float
             f.append(t)
             B *= 2
             spent = time.perf_counter() - t_start
-            if len(grid) >= 2 and (B * N > max(max_rows, N) or spent + 4 * t * 2 > budget_s * 0.6):
+            nxt = 2 * t * (2 if t > 0.2 else 4)  # the next point's cost (twice the rows, warm-up included)
+            if len(grid) >= 2 and (B * N > max(max_rows, N) or spent + nxt > budget_s * 0.7):
                 break
         b_att = max(1, grid[min(len(grid) - 1, 2)] // N)
         t0, t1 = dense(b_att, c0, P0), dense(b_att, c1, P1)

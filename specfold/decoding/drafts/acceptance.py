@@ -9,6 +9,12 @@ calibration (FreeDave chains), `CHAIN_PRIOR`**depth with weight `CHAIN_WEIGHT`; 
 with the hits and verifications the block program counts (`drafted`, `hit`). `optimistic(i)` adds one
 posterior standard deviation: a chooser that uses it tries a node until it knows it does not pay.
 
+Acceptance also varies with the step: a draft whose filled positions the parent step scored with
+high confidence is reached more often. So each draft also carries a confidence bucket (`bucket`: the
+lowest confidence, in the parent step's scores, of the positions it fills beyond the root), and
+`p(node, bucket)` is a second Beta posterior per (node, bucket) whose prior is the node's own
+estimate with `BUCKET_WEIGHT` pseudo-counts: where a bucket has no data it falls back on the node.
+
 `tau` is the running mean of tokens one rule step unmasks (the value of a step); for the static rule
 it is k from the start.
 
@@ -26,6 +32,14 @@ PRIOR_WEIGHT = 8.0  # pseudo-verifications behind a calibrated node's prior
 CHAIN_PRIOR, CHAIN_WEIGHT = 0.5, 2.0  # an uncalibrated chain node at depth d: 0.5**d, 2 pseudo-counts
 DEFAULT_PRIOR = 0.2  # an uncalibrated graph node
 TAU_WEIGHT = 32.0  # rule steps behind the initial tokens-per-step guess
+BUCKET_WEIGHT = 4.0  # pseudo-counts of a (node, confidence bucket) estimate, centred on the node's
+EDGES = {"max_prob": (0.5, 0.8, 0.95, 0.99), "margin": (0.3, 0.6, 0.9, 0.98),
+         "neg_entropy": (-2.0, -0.7, -0.2, -0.05)}  # confidence bucket edges per confidence kind
+
+
+def bucket(conf: float, kind: str = "max_prob") -> int:
+    """The confidence bucket of a draft (0 = least confident)."""
+    return sum(conf >= e for e in EDGES.get(kind, EDGES["max_prob"]))
 
 
 class Acceptance:
@@ -34,8 +48,8 @@ class Acceptance:
         """`priors`: node -> (prior hit rate, pseudo-count weight)."""
         self.priors = dict(priors or {})
         self.default = default
-        self.hits: dict[int, float] = {}
-        self.tries: dict[int, float] = {}
+        self.hits: dict = {}  # node -> hits, (node, bucket) -> hits
+        self.tries: dict = {}
         self.tau_fixed = tau_fixed
         self._tau_tokens, self._tau_steps = tau * TAU_WEIGHT, TAU_WEIGHT
         self._lock = threading.Lock()
@@ -46,13 +60,21 @@ class Acceptance:
         h, n = self.hits.get(node, 0.0), self.tries.get(node, 0.0)
         return p * w + h, (1.0 - p) * w + (n - h)
 
-    def p(self, node: int) -> float:
-        a, b = self._ab(node)
-        return a / (a + b) if a + b > 0 else 0.0
+    def _abb(self, node: int, b: int | None) -> tuple[float, float]:
+        if b is None:
+            return self._ab(node)
+        p = self.p(node)
+        h, n = self.hits.get((node, b), 0.0), self.tries.get((node, b), 0.0)
+        return p * BUCKET_WEIGHT + h, (1.0 - p) * BUCKET_WEIGHT + (n - h)
 
-    def optimistic(self, node: int) -> float:
-        a, b = self._ab(node)
-        n = a + b
+    def p(self, node: int, b: int | None = None) -> float:
+        a, c = self._abb(node, b)
+        return a / (a + c) if a + c > 0 else 0.0
+
+    def optimistic(self, node: int, b: int | None = None) -> float:
+        """The estimate plus one posterior standard deviation (of the node's, or the bucket's, count)."""
+        a, c = self._abb(node, b)
+        n = a + c
         if n <= 0:
             return 1.0
         m = a / n
@@ -68,13 +90,15 @@ class Acceptance:
         return self._tau_tokens / self._tau_steps
 
     # ------------------------------------------------------------------ online counts
-    def drafted(self, node: int) -> None:
+    def drafted(self, node: int, b: int | None = None) -> None:
         with self._lock:
-            self.tries[node] = self.tries.get(node, 0.0) + 1.0
+            for k in (node, (node, b)) if b is not None else (node,):
+                self.tries[k] = self.tries.get(k, 0.0) + 1.0
 
-    def hit(self, node: int) -> None:
+    def hit(self, node: int, b: int | None = None) -> None:
         with self._lock:
-            self.hits[node] = self.hits.get(node, 0.0) + 1.0
+            for k in (node, (node, b)) if b is not None else (node,):
+                self.hits[k] = self.hits.get(k, 0.0) + 1.0
 
     def step(self, tokens: int) -> None:
         """One rule step of a main trajectory unmasked `tokens` positions."""
@@ -84,7 +108,7 @@ class Acceptance:
 
     def report(self) -> dict:
         """Per node: prior, online hits / verifications and the current estimate."""
-        nodes = sorted(set(self.priors) | set(self.tries))
+        nodes = sorted(set(self.priors) | {k for k in self.tries if isinstance(k, int)})
         return {"tau": self.tau,
                 "nodes": {n: {"prior": self.priors.get(n, self.default)[0], "hits": self.observed(n)[0],
                               "verified": self.observed(n)[1], "p": self.p(n)} for n in nodes}}
