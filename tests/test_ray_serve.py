@@ -210,6 +210,9 @@ def test_replicas_that_do_not_fit_a_local_cluster_are_refused():
 
 
 # ---------------------------------------------------------------------------------- the Python API
+KEY = {"Authorization": "Bearer narrow-key"}
+
+
 @pytest.fixture(scope="module")
 def narrow():
     """build_openai_app on 2 replicas of one slot and no queue, without stop tokens (requests run to
@@ -219,7 +222,8 @@ def narrow():
     from specfold.ray import SpecfoldLLMConfig, build_openai_app
     config = SpecfoldLLMConfig(model_source="tiny", num_replicas=2, engine_kwargs={"max_num_seqs": 1, "max_waiting": 0},
                                llm_kwargs={"overrides": {"stop_token_ids": []}}, max_tokens=8,
-                               health_check_period_s=0.5)
+                               health_check_period_s=0.5, server_kwargs={"api_key": KEY["Authorization"][7:],
+                                                                         "max_body_bytes": 4096})
     url = serve_url() + "/narrow"
     serve.run(build_openai_app(config), name="narrow", route_prefix="/narrow")
     try:
@@ -238,34 +242,56 @@ def counters(url: str, key: str) -> int:
 
 def test_every_replica_full_answers_429_and_closed_streams_abort(narrow):
     aborted = counters(narrow, "aborted")
-    with httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120) as a, \
-            httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120) as b:
+    with httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120, headers=KEY) as a, \
+            httpx.stream("POST", narrow + "/v1/completions", json=LONG, timeout=120, headers=KEY) as b:
         lines = [a.iter_lines(), b.iter_lines()]  # (keep the iterators: dropping one closes its stream)
         assert a.status_code == b.status_code == 200 and all(next(x).startswith("data: ") for x in lines)
         wait_until(lambda: sorted(r["running"] for r in running_replicas(narrow)) == [1, 1],
                    "one long request on each replica", limit=30)
-        busy = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=60)
+        busy = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x"}, timeout=60, headers=KEY)
         assert busy.status_code == 429 and busy.json()["error"]["code"] == "engine_full"
         assert is_error_body(busy.json()) and busy.headers["retry-after"] == "1"
     wait_until(lambda: counters(narrow, "aborted") == aborted + 2, "both closed streams to be aborted", limit=30)
     wait_until(lambda: counters(narrow, "running") == 0, "the replicas to drain", limit=30)
-    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": QUESTIONS[1]}, timeout=60)
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": QUESTIONS[1]}, timeout=60, headers=KEY)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_non_stream_disconnect_aborts_on_the_replica(narrow):
     aborted = counters(narrow, "aborted")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(narrow + "/v1/completions", json=dict(LONG, stream=False), timeout=httpx.Timeout(60, read=1.0))
+        httpx.post(narrow + "/v1/completions", json=dict(LONG, stream=False), timeout=httpx.Timeout(60, read=1.0), headers=KEY)
     wait_until(lambda: counters(narrow, "aborted") == aborted + 1, "the abandoned request to be aborted", limit=30)
     wait_until(lambda: counters(narrow, "running") == 0, "the replicas to drain", limit=30)
 
 
 def test_errors_are_openai_bodies_through_the_ingress(narrow):
     r = httpx.post(narrow + "/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user",
-                                                                                          "content": "hi"}]})
+                                                                                          "content": "hi"}]},
+                   headers=KEY)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found" and is_error_body(r.json())
-    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x", "delta": 0.1})
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x", "delta": 0.1}, headers=KEY)
     assert r.status_code == 400 and r.json()["error"]["param"] == "delta"
-    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": [999999]})
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": [999999]}, headers=KEY)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x"})  # serve/app.py's key check
+    assert r.status_code == 401 and is_error_body(r.json())
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": "x" * 5000}, headers=KEY)
+    assert r.status_code == 413 and is_error_body(r.json())  # the body cap, before the body is read
+
+
+def test_metrics_and_queue_gauges_through_the_ingress(narrow):
+    before = _metric(narrow, "specfold:request_success_total")
+    r = httpx.post(narrow + "/v1/completions", json={"model": "tiny", "prompt": QUESTIONS[2]}, headers=KEY,
+                   timeout=60)
+    assert r.status_code == 200
+    assert _metric(narrow, "specfold:request_success_total") == before + 1
+    assert _metric(narrow, "specfold:generation_tokens_total") >= 8
+    assert _metric(narrow, "specfold:num_requests_waiting") == 0  # from the replicas' reports (no NaN)
+
+
+def _metric(url: str, name: str) -> float:
+    """The sum of a series' samples in /metrics (open without the key)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and (line[len(name)] in " {"))

@@ -93,6 +93,7 @@ class SpecfoldLLMConfig(EngineSpec):
     max_tokens: int = 256  # requests without max_tokens
     temperature: float = 0.0  # requests without temperature
     health_check_period_s: float = 2.0  # Serve's replica health checks; also the /health refresh
+    server_kwargs: dict = field(default_factory=dict)  # more ServeConfig fields: api_key, max_body_bytes
     deployment_config: dict = field(default_factory=dict)  # Serve options overriding deployment_options()
 
     def __post_init__(self) -> None:
@@ -108,6 +109,9 @@ class SpecfoldLLMConfig(EngineSpec):
                               f"in [min_replicas, max_replicas] = [{lo}, {hi}]")
         _positive("max_tokens", self.max_tokens, integer=True)
         _positive("health_check_period_s", self.health_check_period_s)
+        unknown = set(self.server_kwargs) - {"api_key", "max_body_bytes"}
+        if unknown:
+            raise ParamsError(f"unknown server_kwargs {sorted(unknown)}; accepted: ['api_key', 'max_body_bytes']")
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
                 or not 0 <= self.temperature <= 2:
             raise ParamsError(f"temperature must be a number in [0, 2], got {self.temperature!r}")

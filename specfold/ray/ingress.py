@@ -209,6 +209,11 @@ class RemoteRunner:
     def running(self) -> int:
         return sum(e["running"] for e in self.registry.running())
 
+    def queue_state(self) -> tuple[int, int]:
+        """(running, waiting) engine requests over the live replicas, as of their last reports."""
+        live = self.registry.running()
+        return sum(e["running"] for e in live), sum(e.get("waiting", 0) for e in live)
+
     @property
     def counters(self) -> RunnerCounters:
         """The replicas' counters summed (those of replicas the ingress has heard from)."""
@@ -231,7 +236,7 @@ class OpenAIIngress:
         self.registry = ReplicaRegistry(config.health_check_period_s)
         self.runner = RemoteRunner(engine, self.registry, config.bounds[1])
         self.serve_config = ServeConfig(model_name=config.name, max_tokens=config.max_tokens,
-                                        temperature=config.temperature)
+                                        temperature=config.temperature, **config.server_kwargs)
 
     def __serve_build_asgi_app__(self):
         from specfold.serve.app import create_app

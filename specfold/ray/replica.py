@@ -79,8 +79,9 @@ class EngineReplica:
 
     # ------------------------------------------------------------------ reports
     def snapshot(self, state: str | None = None) -> dict:
+        waiting = self.runner.queue_state()[1]
         return {**self.identity, "state": state or ("RUNNING" if self.runner.alive() else "UNHEALTHY"),
-                "requests_served": self.requests_served, "running": self.runner.running(),
+                "requests_served": self.requests_served, "running": self.runner.running(), "waiting": waiting,
                 "started": self.started, **asdict(self.runner.counters)}
 
     async def _report_forever(self) -> None:
