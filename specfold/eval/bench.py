@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -42,7 +43,8 @@ def params_dict(params) -> dict[str, Any]:
 def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=None,
               sweeps: Sequence[tuple[str, list]] = (), data: str | None = None, limit: int | None = None,
               out: str | None = None, model_name: str | None = None, progress: bool = True,
-              warmup: int = 0, label: str = "bench", generate=None) -> list[dict[str, Any]]:
+              warmup: int = 0, label: str = "bench", generate=None,
+              batch_sizes: Sequence[int] = (1,)) -> list[dict[str, Any]]:
     """Generate and score every (task sample, run); return the records of this run (resumed ones too).
 
     `base`: DecodeParams for every run (default: greedy, chat template on). `out`: JSONL to append
@@ -50,13 +52,18 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     first timed sample (compilation, caches), none when everything is resumed. `label`: the overall
     progress bar's name ("bench", "eval"). `generate(jobs, warmup)`: the outputs of `(prompt,
     DecodeParams)` jobs in job order, warm-ups its own (e.g. specfold/ray's actors); default: `llm`
-    in this process, one sample at a time.
+    in this process, one sample at a time. `batch_sizes`: every run also at these batch sizes (B > 1:
+    B samples at once through one engine, B concurrent requests; setting "...,batch=B", compared with
+    vanilla at the same B; each record's `throughput_seconds` is its share of the batch's wall time).
     """
     from specfold.params import DecodeParams
 
     base = base or DecodeParams(chat_template=True)
     model_name = model_name or str(llm.path)
-    runs = expand_runs(methods, base, sweeps)
+    runs = [_at_batch(r, b) for b in batch_sizes for r in expand_runs(methods, base, sweeps)]
+    if generate is not None and any(b > 1 for b in batch_sizes):
+        from specfold.errors import ParamsError
+        raise ParamsError("--batch-sizes above 1 run in this process only (not with --ray)")
     done = load_records(out) if out else {}
     loaded = [(t, t.load(data, limit)) for t in (get_task(t) if isinstance(t, str) else t for t in tasks)]
     pdicts = {(run.method, run.setting): params_dict(run.params) for run in runs}
@@ -85,23 +92,30 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
                         refs[(run.setting, s.id)] = rec
                 bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
                            position=1, leave=False)
+                b = dict(run.sweep).get("batch", 1)
                 with bar:  # closed on Ctrl-C too, so the terminal is left tidy
                     for _ in range(warmup if todo and outputs is None else 0):
-                        llm.generate([todo[0].prompt], run.params)
-                    for s in todo:
-                        o = llm.generate([s.prompt], run.params)[0] if outputs is None else next(outputs)
-                        rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
-                                          refs.get((run.ref_setting, s.id)))
-                        writer.write(rec)
-                        records.append(rec)
-                        if run.method == REFERENCE:
-                            refs[(run.setting, s.id)] = rec
-                        bar.update(1)
-                        overall.update(1)
+                        llm.generate([s.prompt for s in todo[:b]], run.params)
+                    for i in range(0, len(todo), b):
+                        chunk = todo[i: i + b]
+                        t0 = time.perf_counter()
+                        outs = (llm.generate([s.prompt for s in chunk], run.params) if outputs is None
+                                else [next(outputs)])
+                        share = (time.perf_counter() - t0) / len(chunk) if b > 1 else None
+                        for s, o in zip(chunk, outs):
+                            rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
+                                              refs.get((run.ref_setting, s.id)), share)
+                            writer.write(rec)
+                            records.append(rec)
+                            if run.method == REFERENCE:
+                                refs[(run.setting, s.id)] = rec
+                            bar.update(1)
+                            overall.update(1)
     return records
 
 
-def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict, ref: dict | None) -> dict:
+def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict, ref: dict | None,
+                throughput_seconds: float | None = None) -> dict:
     st = out.stats
     score = task.score(sample, out.text)
     rec = {"task": task.name, "id": sample.id, "method": run.method, "setting": run.setting,
@@ -111,10 +125,19 @@ def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict,
            "seconds": st.seconds, "tokens_per_forward": st.tokens_per_forward,
            "tokens_per_second": st.tokens_per_second, "fold_ratio": st.extra.get("fold_ratio"),
            "fold_ratio_excl_layer0": st.extra.get("fold_ratio_excl_layer0"),
-           "extra": {str(k): v for k, v in st.extra.items()}}
+           "extra": {str(k): v for k, v in st.extra.items()}, "batch": dict(run.sweep).get("batch", 1),
+           "throughput_seconds": st.seconds if throughput_seconds is None else throughput_seconds}
     match, exact = token_match(rec["token_ids"], ref["token_ids"]) if ref is not None else (None, None)
     rec["match"], rec["exact"] = match, exact
     return rec
+
+
+def _at_batch(run: Run, b: int) -> Run:
+    """`run` at batch size `b` (itself at 1): its setting and its vanilla reference say "batch=b"."""
+    if b == 1:
+        return run
+    tag = lambda st: f"batch={b}" if st == "default" else f"{st},batch={b}"  # noqa: E731
+    return Run(run.method, tag(run.setting), run.sweep + (("batch", b),), run.params, tag(run.ref_setting))
 
 
 def _with_match(rec: dict, run: Run, ref: dict | None) -> dict:
@@ -172,7 +195,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
         expand_runs(methods, params_from_args(a), sweeps)
     records = run_bench(llm, tasks, methods, params_from_args(a), sweeps, a.data,
                         a.limit, a.out, model_name=model_label(a.model),
-                        progress=not a.no_progress, warmup=a.warmup, generate=generate)
+                        progress=not a.no_progress, warmup=a.warmup, generate=generate,
+                        batch_sizes=a.batch_sizes)
     rows = summarize(records)
     table = format_table(rows)
     print(table)
@@ -185,6 +209,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
         for path in write_plots(rows, a.plot):
             print(f"plot: {path}", file=sys.stderr)
     return 0
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return tuple(dict.fromkeys(sizes))
 
 
 def check_writable_dir(folder: str | Path | None, what: str) -> None:
@@ -227,5 +261,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",
                    help="e.g. delta=0,0.05,0.1,0.2 or branches=2..8 (repeatable: grid)")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=(1,), metavar="B1,B2,...",
+                   help="run every method at these batch sizes too (B concurrent requests; default 1): "
+                        "the tokens/s-against-batch-size plot")
     p.set_defaults(func=cmd_bench, engines=local_engines)
     return p

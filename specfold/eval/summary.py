@@ -3,7 +3,10 @@
 One row per (task, method, setting). Speed figures are pooled over the samples (tokens/s = total
 tokens / total seconds; tokens per forward = total tokens / total NFE); NFE is per sample. Each
 figure is also given as a ratio to the row of vanilla on the same task at the record's
-`ref_setting` (value / vanilla value: above 1 means more, so NFE below 1 is better). `match` is the
+`ref_setting` (value / vanilla value: above 1 means more, so NFE below 1 is better); rows run at a
+batch size above 1 pool each batch's wall time (`throughput_seconds`), so their tokens/s is the
+engine's throughput. `drafts/verif.` = drafts verified per verification (the chosen budgets),
+`pred/meas` = the auto budget chooser's predicted over measured step time. `match` is the
 mean, over samples, of the fraction of token positions equal to vanilla's (over the longer of the
 two outputs); `exact` the fraction of samples with identical tokens.
 """
@@ -41,7 +44,7 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for (task, method, setting), recs in groups.items():
         tokens = sum(r["tokens"] for r in recs)
         nfe = sum(r["nfe"] for r in recs)
-        secs = sum(r["seconds"] for r in recs)
+        secs = sum(r.get("throughput_seconds", r["seconds"]) for r in recs)  # a batch's wall time, shared
         metrics = get_task(task).aggregate([r["score"] for r in recs])
         rows.append({
             "task": task, "method": method, "setting": setting, "sweep": recs[0].get("sweep", {}),
@@ -53,7 +56,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "fold_ratio_excl_layer0": _mean([r.get("fold_ratio_excl_layer0") for r in recs]),
             "match": _mean([r.get("match") for r in recs]),
             "exact": _mean([None if r.get("exact") is None else float(r["exact"]) for r in recs]),
-            "outside_forward": _outside(recs, secs),
+            "outside_forward": _outside(recs, sum(r["seconds"] for r in recs)),
+            "batch": recs[0].get("batch", 1), **_budgets(recs),
             "approximate": _approximate(method, recs[0].get("params") or {}),
         })
     by_key = {(r["task"], r["method"], r["setting"]): r for r in rows}
@@ -62,6 +66,22 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for f in RATIO_FIELDS:
             row[f + "_x"] = row[f] / ref[f] if ref is not None and ref[f] else None
     return rows
+
+
+def _budgets(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Drafts verified per verification (mean and distribution of the chosen budgets) and the auto
+    chooser's predicted over measured step time (None with a fixed budget)."""
+    dist: dict[int, int] = defaultdict(int)
+    pred = meas = 0.0
+    for r in recs:
+        ex = r.get("extra", {})
+        for k, n in (ex.get("draft_budgets") or {}).items():
+            dist[int(k)] += n
+        pred += ex.get("predicted_seconds") or 0.0
+        meas += ex.get("model_seconds") or 0.0
+    n = sum(dist.values())
+    return {"budgets": dict(sorted(dist.items())), "mean_budget": sum(k * v for k, v in dist.items()) / n if n else None,
+            "predicted_over_measured": pred / meas if pred and meas else None}
 
 
 FOLDING = ("specfold", "linear_specfold")  # methods whose verification folds rows at delta > 0
@@ -91,7 +111,8 @@ def _pct(v: float | None) -> str:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table; extra task metrics (IFEval's four accuracies ...) listed under it."""
     head = ["task", "method", "setting", "n", "accuracy", "(×v)", "NFE/sample", "(×v)", "tok/fwd", "(×v)",
-            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0", "outside fwd"]
+            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0", "drafts/verif.", "pred/meas",
+            "outside fwd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     extra = []
     for r in rows:
@@ -100,7 +121,8 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                  _fmt(r["tokens_per_forward"], ".2f"), _fmt(r["tokens_per_forward_x"], ".2f"),
                  _fmt(r["tokens_per_second"], ".1f"), _fmt(r["tokens_per_second_x"], ".2f"),
                  _fmt(r["match"]), _fmt(r["exact"]), _fmt(r["fold_ratio"], ".2f"),
-                 _fmt(r["fold_ratio_excl_layer0"], ".2f"), _pct(r.get("outside_forward"))]
+                 _fmt(r["fold_ratio_excl_layer0"], ".2f"), _fmt(r.get("mean_budget"), ".2f"),
+                 _fmt(r.get("predicted_over_measured"), ".2f"), _pct(r.get("outside_forward"))]
         lines.append("| " + " | ".join(cells) + " |")
         more = {k: v for k, v in r["metrics"].items() if k != "accuracy"}
         if more:

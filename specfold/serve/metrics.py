@@ -21,7 +21,13 @@ Invariants:
   - `specfold:fold_ratio`: per finished request, folded / verified draft positions (SpecFold; requests
     that verified no draft position are not observed);
   - `specfold:request_success_total{finished_reason}`: engine requests by how they ended ("stop",
-    "length", or "abort" for those whose client went away).
+    "length", or "abort" for those whose client went away);
+  - draft budgets (FreeDave, Spiffy, SpecFold; `EngineConfig.draft_budget`), from finished requests:
+    `specfold:draft_budget` (histogram: drafts verified per verification, the chosen budgets),
+    `specfold:drafts_verified_total` (so accepted / verified is the acceptance rate), and
+    `specfold:step_seconds_predicted_total` / `specfold:step_seconds_measured_total` (the auto
+    chooser's predicted and the measured time of the steps each request took part in: their ratio is
+    the cost model's calibration; predicted stays 0 with a fixed budget).
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
 RATIO_BUCKETS = tuple(round(0.05 * i, 2) for i in range(1, 21))
+BUDGET_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 64)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -58,6 +65,13 @@ class ServerMetrics:
                                     buckets=RATIO_BUCKETS, registry=r)
         self.success = Counter("specfold:request_success", "Engine requests by how they ended.",
                                ["finished_reason"], registry=r)
+        self.budget = Histogram("specfold:draft_budget", "Drafts verified per verification (the chosen budgets).",
+                                buckets=BUDGET_BUCKETS, registry=r)
+        self.verified = Counter("specfold:drafts_verified", "Drafts verified by the finished requests.", registry=r)
+        self.predicted = Counter("specfold:step_seconds_predicted", "Predicted seconds of the steps of the "
+                                 "finished requests (auto draft budgets).", registry=r)
+        self.measured = Counter("specfold:step_seconds_measured", "Measured seconds of the steps of the "
+                                "finished requests.", registry=r)
 
     def track(self, arrival: float, prompt_lengths: list[int]) -> "Tracker":
         """An accepted HTTP request: one engine request per prompt length (in choice order)."""
@@ -73,6 +87,12 @@ class ServerMetrics:
         self.accepted.inc(ex.get("reused_states", 0) + ex.get("accepted_drafts", 0))
         if ex.get("fold_ratio") is not None:
             self.fold_ratio.observe(ex["fold_ratio"])
+        for k, n in (ex.get("draft_budgets") or {}).items():
+            for _ in range(int(n)):
+                self.budget.observe(int(k))
+        self.verified.inc(ex.get("drafts_verified", 0))
+        self.predicted.inc(ex.get("predicted_seconds", 0.0))
+        self.measured.inc(ex.get("model_seconds", 0.0))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -317,3 +317,32 @@ def test_table_says_which_rows_are_approximate():
     recs.append(dict(_rec("spiffy", "default", 0, 4, 4, 1.0, [1, 2, 3, 4]), params={"method": "spiffy", "delta": 0.1}))
     notes = [ln for ln in format_table(summarize(recs)).splitlines() if ln.startswith("- approximate")]
     assert len(notes) == 1 and notes[0].endswith(": specfold delta=0.1; every other method is lossless")
+
+
+def test_batch_sizes_budgets_and_the_batch_plot(llm, data, tmp_path):
+    """`bench --batch-sizes`: every run also at batch B (B requests through one engine, compared with
+    vanilla at the same B, tokens equal to batch 1's), the draft budgets in the table, and the
+    tokens/s-against-batch-size plot."""
+    out = tmp_path / "b.jsonl"
+    recs = bench(llm, data, str(out), methods=("vanilla", "freedave"), sweeps=(("draft_budget", ["auto", 0, 2]),),
+                 batch_sizes=(1, 3))
+    rows = summarize(recs)
+    by = {(r["method"], r["setting"]): r for r in rows}
+    assert set(by) == {("vanilla", "default"), ("vanilla", "batch=3")} | {
+        ("freedave", f"draft_budget={b}{s}") for b in ("auto", 0, 2) for s in ("", ",batch=3")}
+    one = {(r["method"], r["setting"].replace(",batch=3", "").replace("batch=3", "default"), r["id"]): r["token_ids"]
+           for r in recs if r["batch"] == 1}
+    for r in recs:  # batching and budgets never change tokens
+        assert r["token_ids"] == one[(r["method"], r["setting"].replace(",batch=3", "").replace("batch=3", "default"), r["id"])]
+        assert r["match"] in (None, 1.0)
+    assert by[("freedave", "draft_budget=0,batch=3")]["mean_budget"] == 0
+    assert 0 < by[("freedave", "draft_budget=2")]["mean_budget"] <= 2
+    assert by[("freedave", "draft_budget=auto")]["predicted_over_measured"] is not None
+    assert by[("freedave", "draft_budget=2")]["predicted_over_measured"] is None
+    b3 = [r for r in recs if r["batch"] == 3 and r["method"] == "vanilla"]
+    assert len({r["throughput_seconds"] for r in b3}) == 1  # one batch: its wall time shared
+    table = format_table(rows)
+    assert "| drafts/verif. | pred/meas |" in table.splitlines()[0]
+    paths = write_plots(rows, tmp_path / "plots")
+    assert tmp_path / "plots" / "speed_vs_batch.png" in paths
+    assert (tmp_path / "plots" / "speed_vs_batch.png").stat().st_size > 10_000
