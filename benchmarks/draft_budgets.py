@@ -11,9 +11,11 @@ held-out problems (the tiny task, chat template, greedy). A run is one `LLM.gene
 engine, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
 repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
 run first on two prompts (its cost model calibration, from the cache after the first, and a first
-acceptance estimate). Reported per configuration: tokens per process-CPU-second (`time.process_time` around
-each call: steadier than the wall clock on a shared core; one thread) and per wall second, each as
-a ratio to vanilla's; NFE per request; the token match with vanilla; for auto the budgets it chose
+acceptance estimate); the order of the configurations rotates from one unit (round, chunk) to the next.
+Reported per configuration: tokens per process-CPU-second (`time.process_time` around each call:
+steadier than the wall clock on a shared core; one thread) and per wall second, each as a ratio to
+vanilla's pooled figure, and the *paired* ratio: the median over units of this configuration's
+tokens per CPU-second over vanilla's in the same unit (the verdicts use it); NFE per request; the token match with vanilla; for auto the budgets it chose
 (drafts per verification: distribution and mean) and the predicted/measured step time.
 
 Widened checkpoints (`specfold widen`, 0.5B preset width, the source's depth) are cost proxies with
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -59,9 +62,14 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
     for p in params.values():  # warm-up (untimed): calibration or its cache, a first acceptance estimate
         llm.generate(chunks[0][:2], p)
     recs: dict[str, list[dict]] = {k: [] for k in params}
+    names = list(params)
+    unit = 0
     for _ in range(rounds):
         for chunk in chunks:
-            for name, p in params.items():
+            order = names[unit % len(names):] + names[: unit % len(names)]  # rotated: no config always first
+            unit += 1
+            for name in order:
+                p = params[name]
                 c0, w0 = time.process_time(), time.perf_counter()
                 outs = llm.generate(chunk, p)
                 cpu, wall = time.process_time() - c0, time.perf_counter() - w0
@@ -96,8 +104,13 @@ def summarize(recs: dict[str, list[dict]]) -> list[dict]:
                      "mean_budget": sum(k * v for k, v in b.items()) / ver if ver else 0.0,
                      "pred_over_meas": pred / meas if pred and meas else None})
     v = rows[0]
-    for r in rows:
+    for r, rs in zip(rows, recs.values()):
         r["x_cpu"], r["x_wall"] = r["tpcpu"] / v["tpcpu"], r["tps"] / v["tps"]
+        # paired: per unit (round, chunk), this config's tokens per CPU-second over vanilla's in the
+        # same unit; the median over units is robust to the machine's drifts and outliers
+        pair = sorted((a["tokens"] / a["cpu"]) / (b["tokens"] / b["cpu"]) for a, b in zip(rs, ref))
+        r["x_pair"] = pair[len(pair) // 2] if len(pair) % 2 else 0.5 * (pair[len(pair) // 2 - 1] + pair[len(pair) // 2])
+        r["units"] = len(pair)
     return rows
 
 
@@ -110,22 +123,22 @@ def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
         fixed = [r for k, r in by.items() if k.startswith(m + " ") and k != f"{m} auto"]
         if auto is None or not fixed:
             continue
-        best = max(fixed, key=lambda r: r["tpcpu"])
-        out.append(f"{m}: auto {auto['x_cpu']:.2f}x vanilla (aim >= 0.97: {'met' if auto['x_cpu'] >= 0.97 else 'NOT met'}); "
-                   f"best fixed {best['config'].split()[1]} {best['x_cpu']:.2f}x; auto/best "
-                   f"{auto['tpcpu'] / best['tpcpu']:.3f} (aim >= 0.97: "
-                   f"{'met' if auto['tpcpu'] >= 0.97 * best['tpcpu'] else 'NOT met'})")
+        best = max(fixed, key=lambda r: r["x_pair"])
+        rel = auto["x_pair"] / best["x_pair"]
+        out.append(f"{m}: auto {auto['x_pair']:.2f}x vanilla (paired median; aim >= 0.97: "
+                   f"{'met' if auto['x_pair'] >= 0.97 else 'NOT met'}); best fixed {best['config'].split()[1]} "
+                   f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (aim >= 0.97: {'met' if rel >= 0.97 else 'NOT met'})")
     return out
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| config | tok/CPU-s | (×v) | tok/s | (×v) | NFE/req | match | drafts/verif. (auto: chosen) | pred/meas |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| config | tok/CPU-s | (×v) | paired ×v | tok/s | (×v) | NFE/req | match | drafts/verif. (auto: chosen) "
+             "| pred/meas |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bud = "" if not r["budgets"] else f"{r['mean_budget']:.2f} {r['budgets']}" if r["config"].endswith("auto") \
             else f"{r['mean_budget']:.2f}"
         pm = "—" if r["pred_over_meas"] is None else f"{r['pred_over_meas']:.2f}"
-        lines.append(f"| {r['config']} | {r['tpcpu']:.1f} | {r['x_cpu']:.2f} | {r['tps']:.1f} | {r['x_wall']:.2f} | "
+        lines.append(f"| {r['config']} | {r['tpcpu']:.1f} | {r['x_cpu']:.2f} | {r['x_pair']:.2f} | {r['tps']:.1f} | {r['x_wall']:.2f} | "
                      f"{r['nfe']:.1f} | {r['match']:.2f} | {bud} | {pm} |")
     return "\n".join(lines)
 
@@ -143,6 +156,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--offset", type=int, default=0, help="first held-out problem")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "widened"))
+    ap.add_argument("--checkpoints", default=None, help="comma-separated checkpoint folders to run instead of "
+                                                        "--widths (e.g. widened copies made elsewhere)")
+    ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -153,13 +169,15 @@ def main(argv=None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     started = datetime.now(timezone.utc)
     results = {}
-    for width in a.widths.split(","):
-        ckpt, _ = widened_folder(a.model, width, None, Path(a.runs))
-        llm = LLM(ckpt, dtype="float32")
+    targets = ([(Path(c).name, c) for c in a.checkpoints.split(",")] if a.checkpoints else
+               [(w, widened_folder(a.model, w, None, Path(a.runs))[0]) for w in a.widths.split(",")])
+    for width, ckpt in targets:
+        llm = LLM(ckpt, dtype="float32", device=a.device)
         for rule in a.rules.split(","):
             for batch in (int(x) for x in a.batches.split(",")):
                 n = a.n if batch == 1 else batch
-                prompts = [s.prompt for s in task.load(None, a.offset + n)[a.offset:]]
+                data = str(Path(ckpt) / "heldout.jsonl") if (Path(ckpt) / "heldout.jsonl").is_file() else None
+                prompts = [s.prompt for s in task.load(data, a.offset + n)[a.offset:]]
                 t0 = time.perf_counter()
                 recs = run_cell(llm, prompts, batch, configs(methods, budgets, rule, a.max_new_tokens), a.rounds)
                 rows = summarize(recs)
@@ -167,8 +185,10 @@ def main(argv=None) -> int:
                 results[key] = rows
                 print(f"\n### {key} ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n\n"
                       + "\n".join(f"- {v}" for v in verdicts(rows, methods)), flush=True)
-    head = (f"Command: `OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/draft_budgets.py "
-            f"{' '.join(argv if argv is not None else sys.argv[1:])}`; {platform.machine()} CPU, {a.threads} thread, "
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "?"
+    head = (f"Command: `OMP_NUM_THREADS=1 taskset -c {cpus} python benchmarks/draft_budgets.py "
+            f"{' '.join(argv if argv is not None else sys.argv[1:])}`; {platform.machine()} CPU, device {a.device}, "
+            f"{a.threads} thread, "
             f"float32, commit {commit}, started {started:%Y-%m-%d %H:%M} UTC, took "
             f"{(datetime.now(timezone.utc) - started).seconds} s.")
     print("\n" + head)

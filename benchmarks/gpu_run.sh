@@ -3,9 +3,12 @@
 #   widen the embedded model to the 0.5B and 1.5B preset widths (cost proxies, SPEC §9), then run
 #   benchmarks/gpu_specfold.py on them: kernels against their twins, layer times, and end to end
 #   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule; then
-#   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64 with host syncs per step counted.
+#   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64 with host syncs per step counted;
+#   then benchmarks/draft_budgets.py on the 0.5B copy: auto draft budgets against fixed ones (0, 2, 7)
+#   and vanilla at batch 1 and 16, with the budgets auto chose there.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
-# PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md, $OUT/gpu_engine.md and their logs.
+# PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md, $OUT/gpu_engine.md, $OUT/draft_budgets.json
+# and their logs. The cost model's calibration cache goes to $OUT/cache (XDG_CACHE_HOME).
 #   device run:  bash benchmarks/gpu_run.sh            (timeout_s 540: the script aims at < 8 min)
 #   CPU check:   QUICK=1 bash benchmarks/gpu_run.sh    (--device cpu --quick)
 set -euo pipefail
@@ -27,3 +30,8 @@ $PY benchmarks/gpu_specfold.py "${models[@]}" "${extra[@]}" --out "$OUT/gpu_spec
 eng=()
 [ "${QUICK:-0}" = 1 ] && eng=(--device cpu --batches 1,4 --max-new-tokens 16 --methods vanilla,specfold)
 $PY benchmarks/gpu_engine.py "${models[@]}" "${eng[@]}" --out "$OUT/gpu_engine.md" 2>&1 | tee "$OUT/gpu_engine.log"
+bud=(--checkpoints "$work/tiny-0.5b" --device cuda --rules native --batches 1,16 --n 4 --rounds 1
+     --max-new-tokens 32 --budgets auto,0,2,7)
+[ "${QUICK:-0}" = 1 ] && bud=(--checkpoints "$work/tiny-0.5b" --device cpu --rules static --batches 1 --n 1 --rounds 1
+     --max-new-tokens 16 --budgets auto,0 --methods spiffy)
+XDG_CACHE_HOME="$OUT/cache" $PY benchmarks/draft_budgets.py "${bud[@]}" --out "$OUT/draft_budgets.json" 2>&1 | tee "$OUT/draft_budgets.log"
