@@ -6,8 +6,10 @@
 For each replica count, `specfold serve --model tiny --replicas N --replica-cpus 1` of this tree runs
 as a subprocess on a free port (it starts its own local Ray cluster and stops it on exit); after a
 warm-up, C clients send chat requests (held-out questions of the tiny model, greedy) one after
-another, `--requests` in all, with serve_load.py's client. `--repeats` alternates the counts
-(1, 2, 1, 2, ...) so that drift in the machine's load hits each alike. `--plain` adds the
+another, `--requests` in all, with serve_load.py's client. Every server is up at once and the
+`--repeats` runs alternate between them back to back (1, 2, 1, 2, ...), so that drift in the
+machine's load hits each alike; the best run of each is compared (load from other work only ever
+slows a run down). Each row notes the 1-minute load average after it. `--plain` adds the
 single-process server (`specfold serve` without Ray, one thread) as a reference row. `--model`: a
 checkpoint instead of tiny, e.g. a `specfold widen` copy of tiny (the same tokens at a higher cost
 per token: what a request costs the engine, against the fixed cost of its trip through Serve). Clients, the
@@ -65,18 +67,12 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(30)
 
 
-def measure(replicas: int | None, questions: list[str], a: argparse.Namespace) -> dict:
-    port = free_port()
-    proc = start(port, a.max_tokens, replicas, a.model)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        asyncio.run(load(url, questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
-        r = asyncio.run(load(url, questions, a.concurrency, a.requests, a.max_tokens))
-        if replicas:
-            import httpx
-            r["served"] = sorted(x["requests_served"] for x in httpx.get(url + "/health").json()["replicas"])
-    finally:
-        stop(proc)
+def burst(url: str, replicas: int | None, questions: list[str], a: argparse.Namespace) -> dict:
+    """One measured run of `--requests` requests from `--concurrency` clients."""
+    r = asyncio.run(load(url, questions, a.concurrency, a.requests, a.max_tokens))
+    if replicas:
+        import httpx
+        r["served"] = sorted(x["requests_served"] for x in httpx.get(url + "/health").json()["replicas"])
     return r
 
 
@@ -97,15 +93,27 @@ def main() -> int:
     runs: list[tuple[str, int | None]] = [("single process (no Ray)", None)] if a.plain else []
     runs += [(f"ray serve, {n} replica(s) x 1 thread", n) for n in counts]
     rows = []
-    print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for _ in range(a.repeats):
-        for name, n in runs:
-            r = measure(n, questions, a)
-            if r["errors"]:
-                raise RuntimeError(f"{r['errors']} of {r['requests']} requests failed on {name}")
-            rows.append(dict(r, server=name, replicas=n))
-            print(row(name, r) + (f" served per replica {r['served']}" if n else ""), flush=True)
+    procs, urls = [], []
+    try:
+        for _, n in runs:  # every server up at once (an idle one costs little), then runs back to back
+            port = free_port()
+            procs.append(start(port, a.max_tokens, n, a.model))
+            urls.append(f"http://127.0.0.1:{port}")
+            asyncio.run(load(urls[-1], questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
+        print(f"all servers up; load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+        print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for _ in range(a.repeats):
+            for (name, n), url in zip(runs, urls):
+                r = burst(url, n, questions, a)
+                if r["errors"]:
+                    raise RuntimeError(f"{r['errors']} of {r['requests']} requests failed on {name}")
+                rows.append(dict(r, server=name, replicas=n, load1=os.getloadavg()[0]))
+                print(row(name, r) + f" load {rows[-1]['load1']:.1f}" + (f" served {r['served']}" if n else ""),
+                      flush=True)
+    finally:
+        for proc in procs:
+            stop(proc)
     best = {n: max(r["req_per_s"] for r in rows if r["replicas"] == n) for _, n in runs}
     if 1 in best:
         for n in counts:
