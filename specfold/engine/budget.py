@@ -29,6 +29,9 @@ included: no drafts when none pays). Before drafting, the same choice runs on th
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
 at all. Host only: integers and floats, no tensor is read.
 
+Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
+(`req.draft_budget`), and under "auto" they verify their configured branches.
+
 Invariants: a pick is closed under parents; budgets change which states are verified, never the
 rule's decisions, so tokens are those of vanilla for every lossless method.
 """
