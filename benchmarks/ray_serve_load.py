@@ -6,10 +6,11 @@
 For each replica count, `specfold serve --model tiny --replicas N --replica-cpus 1` of this tree runs
 as a subprocess on a free port (it starts its own local Ray cluster and stops it on exit); after a
 warm-up, C clients send chat requests (held-out questions of the tiny model, greedy) one after
-another, `--requests` in all, with serve_load.py's client. Every server is up at once and the
-`--repeats` runs alternate between them back to back (1, 2, 1, 2, ...), so that drift in the
-machine's load hits each alike; the best run of each is compared (load from other work only ever
-slows a run down). Each row notes the 1-minute load average after it. `--plain` adds the
+another, `--requests` in all, with serve_load.py's client. One server runs at a time (on a small
+machine an idle cluster's own processes take CPU from the one measured); the `--repeats` runs
+alternate (1, 2, 1, 2, ...) so that drift in the machine's load hits each alike, and the best run of
+each is compared (other work only ever slows a run down). Each row notes the 1-minute load average
+after it. `--plain` adds the
 single-process server (`specfold serve` without Ray, one thread) as a reference row. `--model`: a
 checkpoint instead of tiny, e.g. a `specfold widen` copy of tiny (the same tokens at a higher cost
 per token: what a request costs the engine, against the fixed cost of its trip through Serve). Clients, the
@@ -93,27 +94,23 @@ def main() -> int:
     runs: list[tuple[str, int | None]] = [("single process (no Ray)", None)] if a.plain else []
     runs += [(f"ray serve, {n} replica(s) x 1 thread", n) for n in counts]
     rows = []
-    procs, urls = [], []
-    try:
-        for _, n in runs:  # every server up at once (an idle one costs little), then runs back to back
+    print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for _ in range(a.repeats):
+        for name, n in runs:  # one server at a time: on a small machine an idle cluster's own work counts
             port = free_port()
-            procs.append(start(port, a.max_tokens, n, a.model))
-            urls.append(f"http://127.0.0.1:{port}")
-            asyncio.run(load(urls[-1], questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
-        print(f"all servers up; load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-        print("| server | clients | requests | errors | req/s | output tok/s | p50 s | p95 s |")
-        print("|---|---|---|---|---|---|---|---|")
-        for _ in range(a.repeats):
-            for (name, n), url in zip(runs, urls):
+            proc = start(port, a.max_tokens, n, a.model)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                asyncio.run(load(url, questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
                 r = burst(url, n, questions, a)
-                if r["errors"]:
-                    raise RuntimeError(f"{r['errors']} of {r['requests']} requests failed on {name}")
-                rows.append(dict(r, server=name, replicas=n, load1=os.getloadavg()[0]))
-                print(row(name, r) + f" load {rows[-1]['load1']:.1f}" + (f" served {r['served']}" if n else ""),
-                      flush=True)
-    finally:
-        for proc in procs:
-            stop(proc)
+            finally:
+                stop(proc)
+            if r["errors"]:
+                raise RuntimeError(f"{r['errors']} of {r['requests']} requests failed on {name}")
+            rows.append(dict(r, server=name, replicas=n, load1=os.getloadavg()[0]))
+            print(row(name, r) + f" load {rows[-1]['load1']:.1f}" + (f" served {r['served']}" if n else ""),
+                  flush=True)
     best = {n: max(r["req_per_s"] for r in rows if r["replicas"] == n) for _, n in runs}
     if 1 in best:
         for n in counts:
