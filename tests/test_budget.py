@@ -224,14 +224,14 @@ def test_calibration_is_cached_and_keyed(tmp_path, monkeypatch):
 
 
 def test_online_refinement_converges_to_the_machine():
-    """Steps timed from a known cost law: the model, started far off, predicts it within 5 %."""
+    """Steps timed from a known cost law (±3 % noise): the model, started far off, predicts it within 5 %."""
     def law(s: Shape) -> float:
         return 0.004 + 2e-4 * s.rows + 1e-7 * s.attn + 5e-5 * s.head + (0.003 + 1e-4 * s.fold if s.fold_calls else 0)
     grid = [16, 32, 64, 128, 256, 512]
     m = CostModel(grid, [0.02 + 1e-3 * g for g in grid], 1e-6, 1e-3, 0.01, 1e-3)
     rng = random.Random(0)
     shapes = []
-    for _ in range(3000):
+    for _ in range(8000):  # the low-expectile steps are slower upwards: a few thousand steps
         rows = rng.choice(grid) * rng.uniform(0.6, 1.0)
         fold = rng.choice([0, 0, rows * 0.5])
         s = Shape(rows, rows * rng.uniform(16, 96), rows * rng.uniform(0.2, 0.6), fold, int(fold > 0))

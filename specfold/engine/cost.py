@@ -14,13 +14,17 @@ sub-linear cost (the weights are read once for all rows) is seen: that is what m
 on a GPU and dear on this CPU. The head term matters at a real vocabulary, where the head can
 outweigh a small model's layers.
 
-Calibration (`calibrate`): a few packed forwards of random tokens at growing row counts, two prefix
-lengths, the head alone and, for a folded verifier, two folded verifications: seconds at most, then
+Calibration (`calibrate`): a few packed forwards of random tokens at growing row counts (up to three
+passes, each point's fastest time kept: noise only ever adds time), two prefix lengths, the head
+alone and, for a folded verifier, two folded verifications: seconds at most, then
 cached as JSON in the user's cache directory (`$XDG_CACHE_HOME/specfold` or ~/.cache/specfold), keyed
 by the model fingerprint and shape (a widened checkpoint shares its source's fingerprint, not its
 cost), device, dtype, thread count and verifier. Online refinement (`observe`): every measured step
 time (host `time.perf_counter` around the runner's call, no extra sync) moves the parameters the step
-used by a normalised least-mean-squares step in relative terms, so a noisy step cannot flip them.
+used by a normalised least-mean-squares step in relative terms, with residuals clipped and weighted
+as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tracks what a step
+costs this process, not the bursts of others sharing the machine; a step past the calibrated row
+range becomes a new grid point.
 Same code on every device; only the measurements differ.
 """
 from __future__ import annotations
@@ -35,9 +39,12 @@ from pathlib import Path
 
 import torch
 
-VERSION = 2
+VERSION = 3
 ETA = 0.15  # online step size (relative)
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
+EXPECTILE = 0.3  # slower-than-predicted steps weigh 0.3, faster ones 0.7: on a shared machine noise
+# only ever adds time, so the model tracks the machine's own cost (a low expectile), not its neighbours'
+CALIBRATION_PASSES = 3  # passes over the row grid, each point's fastest kept (while the budget lasts)
 SAVE_EVERY = 256  # observations between two writes of the refined model
 GROW = 1.5  # a step this far past the last calibrated row count becomes a new grid point
 MIN_SECONDS = 1e-7
@@ -105,6 +112,7 @@ class CostModel:
             return
         pred = self.predict(s)
         e = max(-CLIP * pred, min(CLIP * pred, seconds - pred))
+        e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
         i, w = self._interp(s.rows)
         fold = 1.0 if s.fold_calls else 0.0
         terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head),
@@ -229,8 +237,8 @@ def forget_models() -> None:
 
 # ---------------------------------------------------------------------------------------- calibration
 def _time(fn, reps: int = 3) -> float:
-    """Median seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only); one
-    timed call for a slow `fn` (over 0.2 s), three below."""
+    """Fastest seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only; noise
+    only ever adds time); one timed call for a slow `fn` (over 0.2 s), three below."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     t0 = time.perf_counter()
     fn()
@@ -243,8 +251,7 @@ def _time(fn, reps: int = 3) -> float:
         fn()
         sync()
         ts.append(time.perf_counter() - t0)
-    ts.sort()
-    return ts[len(ts) // 2]
+    return min(ts)
 
 
 def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float = 6.0) -> CostModel:
@@ -289,6 +296,10 @@ def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float
             nxt = 2 * t * (2 if t > 0.2 else 4)  # the next point's cost (twice the rows, warm-up included)
             if len(grid) >= 2 and (B * N > max(max_rows, N) or spent + nxt > budget_s * 0.7):
                 break
+        for _ in range(CALIBRATION_PASSES - 1):  # again, each point's fastest kept
+            if time.perf_counter() - t_start + sum(f) * 4 > budget_s * 0.8:
+                break
+            f = [min(t, dense(r // N, c0, P0)) for t, r in zip(f, grid)]
         b_att = max(1, grid[min(len(grid) - 1, 2)] // N)
         t0, t1 = dense(b_att, c0, P0), dense(b_att, c1, P1)
         c_attn = max(0.0, (t1 - t0) / (b_att * N * (P1 - P0)))
