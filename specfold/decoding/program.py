@@ -358,7 +358,12 @@ class BlockProgram:
         head rows for material nobody uses."""
         if not self.policy.reads_ahead:
             return extra > 0
-        return extra > 0 or self.acceptance is None or drafts or st.drafting  # a recorder (no drafts) reads them
+        return extra > 0 or self._material(st, drafts)
+
+    def _material(self, st: BlockState, drafts: bool) -> bool:
+        """Whether this verification scores draft material (look-aheads, top-k ids): always for a
+        policy that reads it but never drafts (calibration's recorder), else while the request drafts."""
+        return self.acceptance is None or drafts or st.drafting
 
     def draft_tree(self) -> list[int] | None:
         """The parent of each draft node the policy may propose (0 = the root, i = node i), in list
@@ -403,19 +408,19 @@ class BlockProgram:
             need = self._need(region)
             rows.append({u: len(rows_at) + i for i, u in enumerate(need)})
             rows_at += [b * W + u - shift for u in need]
-        read = self._read(req, ctx, branches, rows, N)
+        read = self._read(req, ctx, branches, rows, N, self.policy.topk if self._material(st, bool(drafts)) else 0)
         st.verification = Verification(branches, drafts, regions, rows, extra, read, buckets)
         return Job(branches, ctx.start, req.cache, st.mask, rows_at=rows_at,
                    parents=[-1] + [d.parent for d in drafts], return_hidden=self.windows.wants_hidden,
                    kind="verify", read=read)
 
-    def _read(self, req, ctx, branches, rows, N) -> Read:
+    def _read(self, req, ctx, branches, rows, N, topk: int) -> Read:
         c, T = req.config, req.params.temperature
         keys = None
         if T > 0:  # noise keyed by each row's exact block state (lossless at any temperature)
             keys = [state_key(req.seed, ctx.start + (u // N) * N, b[(u // N) * N: (u // N + 1) * N], ctx.start + u)
                     for b, need in zip(branches, rows) for u in need]
-        return Read(kind=c.confidence, temperature=T, topk=self.policy.topk, keys=keys)
+        return Read(kind=c.confidence, temperature=T, topk=topk, keys=keys)
 
     def _regions(self, toks: list[int], ctx: BlockContext, N: int, extra: int,
                  ahead: bool) -> tuple[list[list[int]], list[list[int]]]:

@@ -27,7 +27,8 @@ prefix is closed under parents. The step's ratio is evaluated exactly at every p
 (the cost is not linear: rows are cheaper in bulk), and the best prefix is taken (the empty one
 included: no drafts when none pays). Before drafting, the same choice runs on the policy's graph
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
-at all. Host only: integers and floats, no tensor is read.
+at all, and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
+steps (reset when drafts are chosen again). Host only: integers and floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.
@@ -44,6 +45,7 @@ from specfold.engine.cost import CostModel, Shape, cost_model_for
 
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
 RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
+BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that were not chosen
 
 
 def job_shape(job: Job, folded: bool, rho: float) -> Shape:
@@ -104,6 +106,7 @@ class BudgetChooser:
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
         else:
             wanted = self._worth_drafting(F0, live, parents)
+        wanted = [k for k in wanted if not self._backing_off(live[k][0])]
         items: list[list] = [[] for _ in live]
         for k in wanted:
             p = live[k][1]
@@ -113,6 +116,8 @@ class BudgetChooser:
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items) if wanted else []):
             picks[k].append(j)
+        for k in wanted:
+            self._outcome(live[k][0], bool(picks[k]))
         F = F0
         for k, (r, p) in enumerate(live):
             r.draft_pick = sorted(picks[k])
@@ -122,6 +127,23 @@ class BudgetChooser:
                                  sum(items[k][j][2] for j in picks[k]), d.fold * len(picks[k]), d.fold_calls))
         self._last = self.cost.predict(F)
         return self._last
+
+    @staticmethod
+    def _backing_off(req) -> bool:
+        """A request whose drafts were made and none chosen skips drafting for 1, 3, 7, 15 steps after
+        1, 2, 3, 4+ such steps in a row (the policy's host work is not free when nothing pays)."""
+        st = getattr(req, "budget_backoff", None)
+        if st is None or st[0] <= 0:
+            return False
+        st[0] -= 1
+        return True
+
+    @staticmethod
+    def _outcome(req, chosen: bool) -> None:
+        st = getattr(req, "budget_backoff", None) or [0, 0]
+        st[1] = 0 if chosen else min(st[1] + 1, BACKOFF_MAX)
+        st[0] = 0 if chosen else 2 ** st[1] - 1
+        req.budget_backoff = st
 
     def _fixed(self, req, p: Proposal | None) -> None:
         n = int(self.budget)
