@@ -84,22 +84,32 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="token rows of one engine step (at least one forward always runs)")
 
 
-def engine_config_from_args(a: argparse.Namespace, params):
-    """The EngineConfig of `params` with the scheduler flags of `add_engine_args`."""
-    config, _ = params.split()
-    return config.replace(max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens)
+_ENGINE_FLAGS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "confidence",
+                 "steps", "edit_threshold", "max_post_steps", "draft_depth", "eager", "branches", "graph",
+                 "graph_depth", "delta", "drafts", "backend", "draft_budget", "max_num_seqs",
+                 "max_num_batched_tokens", "max_waiting")
+
+
+def engine_config_from_args(a: argparse.Namespace):
+    """The `EngineConfig` of the decode and engine flags (validated here: bad settings fail before the
+    model is loaded)."""
+    from specfold.params import EngineConfig
+    kw = {f: getattr(a, f) for f in _ENGINE_FLAGS if hasattr(a, f)}
+    return EngineConfig(**kw, early_stop=not a.no_early_stop)
+
+
+def sampling_from_args(a: argparse.Namespace):
+    """The `SamplingParams` of the sampling flags (every request of a `generate` run takes them)."""
+    from specfold.params import SamplingParams
+    return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
+                          chat_template=not a.no_chat_template)
 
 
 def params_from_args(a: argparse.Namespace):
+    """The all-in-one `DecodeParams` of the flags, for the commands that take one per run (calibrate,
+    bench, eval: their sweeps vary engine and sampling settings together)."""
     from specfold.params import DecodeParams
-    return DecodeParams(
-        method=a.method, rule=a.rule, block_size=a.block_size, sub_block_size=a.sub_block_size,
-        tokens_per_step=a.tokens_per_step, threshold=a.threshold, confidence=a.confidence, steps=a.steps,
-        edit_threshold=a.edit_threshold, max_post_steps=a.max_post_steps,
-        max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
-        chat_template=not a.no_chat_template, early_stop=not a.no_early_stop, draft_depth=a.draft_depth,
-        eager=a.eager, branches=a.branches, graph=a.graph, graph_depth=a.graph_depth, delta=a.delta, drafts=a.drafts, backend=a.backend,
-        draft_budget=a.draft_budget)
+    return DecodeParams.join(engine_config_from_args(a), sampling_from_args(a))
 
 
 def overrides_from_args(a: argparse.Namespace) -> dict:

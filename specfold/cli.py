@@ -19,7 +19,7 @@ import sys
 from specfold.interrupts import Terminated, handling_signals
 from specfold.args import (  # noqa: F401 (re-exported for callers of the older location)
     add_decode_args, add_engine_args, add_model_args, engine_config_from_args, llm_from_args, nonnegative_int,
-    overrides_from_args, params_from_args, positive_int, stats_line,
+    overrides_from_args, params_from_args, positive_int, sampling_from_args, stats_line,
 )
 from specfold.params import RULES
 
@@ -35,7 +35,7 @@ class Parser(argparse.ArgumentParser):
 
 def cmd_generate(a: argparse.Namespace) -> int:
     from specfold.text import check_text, read_text_lines
-    params = params_from_args(a)  # bad settings fail before the model is loaded
+    config, sampling = engine_config_from_args(a), sampling_from_args(a)  # bad settings fail before loading
     prompts: list = [check_text(p, "--prompt") for p in a.prompt]
     for ids in a.prompt_ids:
         try:
@@ -49,10 +49,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print("error: give --prompt TEXT, --prompt-ids IDS or --prompt-file FILE (a file with at least one "
               "non-empty line)", file=sys.stderr)
         return EXIT_USAGE
-    config = engine_config_from_args(a, params)
     llm = llm_from_args(a)
     llm.engine_config = config
-    outs = llm.generate(prompts, params.split()[1], use_tqdm=len(prompts) > 1 and not a.json)
+    outs = llm.generate(prompts, sampling, use_tqdm=len(prompts) > 1 and not a.json)
     for o in outs:
         if a.json:
             print(json.dumps({"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,

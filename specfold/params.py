@@ -3,7 +3,7 @@
 `EngineConfig` holds what is built once per engine (method, rule and its fields, draft policy,
 graph, branches, depth, δ, backend, eager, scheduler limits); `SamplingParams` holds what a client
 may choose per request (max_new_tokens, temperature, seed, stop strings, stop token ids, chat
-template). No request field names a server-side file. `DecodeParams` is only a compatibility shim:
+template, logprobs). No request field names a server-side file. `DecodeParams` is only a compatibility shim:
 the older all-in-one settings, which `split()` into the pair.
 
 EngineConfig is validated in two stages. `__post_init__` rejects settings that are impossible for
@@ -23,6 +23,7 @@ RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream", "llada
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 
+MAX_LOGPROBS = 20  # SamplingParams.logprobs: most alternatives per token (vLLM's default max_logprobs)
 MAX_SEED = 2**63  # seeds are in [0, MAX_SEED): the one rule of the API, the CLI and the server
 
 
@@ -50,13 +51,16 @@ def _int(name: str, v, lo: int | None = None) -> None:
 class SamplingParams:
     """What one request asks for. `seed=None` draws a fresh seed when the request is added (recorded
     in the request); `stop` strings cut the text before the first match (finish reason "stop");
-    `stop_token_ids` add to the model's own stop tokens."""
+    `stop_token_ids` add to the model's own stop tokens. `logprobs=N` (0..20; None = off) returns,
+    per output token, its log-probability in the forward that committed it and the N most likely
+    tokens there (`RequestOutput.logprobs`; docs/SERVING.md says what the numbers mean)."""
     max_new_tokens: int = 256
     temperature: float = 0.0
     seed: int | None = None
     stop: list[str] | None = None
     stop_token_ids: list[int] | None = None
     chat_template: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _int("max_new_tokens", self.max_new_tokens, 1)
@@ -81,6 +85,10 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if not isinstance(self.chat_template, bool):
             raise ParamsError(f"chat_template must be true or false, got {self.chat_template!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ParamsError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (alternatives per token) or "
+                              f"None (off), got {self.logprobs!r}")
 
     def replace(self, **kw) -> "SamplingParams":
         return dataclasses.replace(self, **kw)
@@ -264,6 +272,14 @@ class DecodeParams:
         names = [f.name for f in dataclasses.fields(self) if f.name not in _SAMPLING_FIELDS]
         cfg = EngineConfig(**{f: getattr(self, f) for f in names})
         return cfg, SamplingParams(**{f: getattr(self, f) for f in _SAMPLING_FIELDS})
+
+    @classmethod
+    def join(cls, config: EngineConfig, sampling: SamplingParams) -> "DecodeParams":
+        """The inverse of `split` (the scheduler fields of `config`, which are not decode settings,
+        are left out)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in names}
+        return cls(**kw, **{f: getattr(sampling, f) for f in _SAMPLING_FIELDS})
 
     def resolve(self, spec) -> EngineConfig:
         """The engine config resolved for `spec` and these settings' max_new_tokens."""

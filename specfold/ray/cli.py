@@ -119,10 +119,10 @@ def _engine_spec_kwargs(a: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------- serve
 def serve_config(a: argparse.Namespace):
     """The SpecfoldLLMConfig of `specfold serve`'s flags."""
-    from specfold.args import engine_config_from_args, params_from_args
+    from specfold.args import engine_config_from_args
     from specfold.ray.config import SpecfoldLLMConfig
     from specfold.serve import api_key
-    engine = engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting)
+    engine = engine_config_from_args(a)
     return SpecfoldLLMConfig(**_engine_spec_kwargs(a), engine_config=engine,
                              model_id=a.served_model_name or str(a.model), num_replicas=a.replicas,
                              min_replicas=a.min_replicas, max_replicas=a.max_replicas,

@@ -27,12 +27,6 @@ def create_app(*args, **kw):
     return make(*args, **kw)
 
 
-def build_engine(llm, a: argparse.Namespace):
-    """The Engine of the CLI's engine flags (method, rule, drafts, graph, δ, backend, limits)."""
-    from specfold.args import engine_config_from_args, params_from_args
-    from specfold.engine.engine import Engine
-    return Engine(llm, engine_config_from_args(a, params_from_args(a)).replace(max_waiting=a.max_waiting))
-
 
 def api_key(a: argparse.Namespace) -> str | None:
     """--api-key, else $SPECFOLD_API_KEY, else None (no key); an empty key is refused."""
@@ -45,14 +39,16 @@ def api_key(a: argparse.Namespace) -> str | None:
 def cmd_serve(a: argparse.Namespace) -> int:
     if not 0 <= a.port <= 65535:
         raise SpecfoldError(f"--port {a.port} is not a TCP port; accepted: 0-65535 (0 = any free port)")
-    api_key(a)  # a bad key fails before the model is loaded
+    from specfold.args import engine_config_from_args, llm_from_args
+    api_key(a)  # a bad key or bad engine flags fail before the model is loaded
+    engine_config = engine_config_from_args(a)
     require("serve", "specfold serve")  # also when cmd_serve is called without the CLI's check
     import uvicorn
 
-    from specfold.args import llm_from_args
+    from specfold.engine.engine import Engine
     from specfold.serve.app import ServeConfig
     llm = llm_from_args(a)
-    engine = build_engine(llm, a)
+    engine = Engine(llm, engine_config)
     name = a.served_model_name or str(a.model)
     config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature,
                          max_body_bytes=a.max_body_bytes, api_key=api_key(a))
