@@ -159,7 +159,7 @@ def _bar(enabled: bool, desc: str, total: int, initial: int, position: int, leav
 def add_run_args(ap: argparse.ArgumentParser) -> None:
     """Arguments shared by `bench` and `eval`."""
     ap.add_argument("--tasks", default="tiny", help="comma-separated task names (gsm8k, math500, humaneval, "
-                                                      "mbpp, mbpp_full, ifeval, tiny)")
+                                                      "mbpp, mbpp_full, ifeval, tiny, tiny_fresh)")
     ap.add_argument("--data", default=None, help="benchmark file or folder (e.g. ../shared/data)")
     from specfold.args import nonnegative_int, positive_int
     ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")

@@ -19,6 +19,7 @@ TASKS: dict[str, tuple[str, str]] = {
     "mbpp_full": ("specfold.eval.tasks.mbpp", "MBPPFull"),
     "ifeval": ("specfold.eval.tasks.ifeval", "IFEval"),
     "tiny": ("specfold.eval.tasks.tiny", "Tiny"),
+    "tiny_fresh": ("specfold.eval.tasks.tiny", "TinyFresh"),
 }
 
 

@@ -4,6 +4,11 @@ Data: any JSON Lines file with `question` and `answer` (ending in `#### n`); wit
 packaged `specfold/tiny/model/heldout.jsonl` (written by the tiny-model part) is used.
 Prompt: the question verbatim (the tiny model is trained on bare questions through its chat
 template, so no instruction text is added). Scoring: same as GSM8K (final number, numeric).
+
+`tiny_fresh`: the same task on problems generated at load (`specfold.tiny.fresh.fresh(0, n)`: a
+stream no split of the shipped model uses, minus every held-out, training, tokenizer and calibration
+question by text); `limit` = n (200 without one); `data` is not read. Other seeds: write a file
+with `python -m specfold.tiny.fresh --seed S --n N --out F` and run `tiny` with `--data F`.
 """
 from __future__ import annotations
 
@@ -29,3 +34,12 @@ class Tiny(Task):
 
     def score(self, sample: Sample, completion: str) -> dict[str, Any]:
         return score_number(sample, completion)
+
+
+class TinyFresh(Tiny):
+    name = "tiny_fresh"
+    default_size = 200
+
+    def load(self, data: str | None = None, limit: int | None = None) -> list[Sample]:
+        from specfold.tiny.fresh import fresh
+        return qa_samples(fresh(0, self.default_size if limit is None else limit), self.name, "{question}")
