@@ -108,3 +108,34 @@ def test_the_counter_counts(llm, monkeypatch):
     x = torch.ones(3)
     x.tolist(), x.sum().item(), bool(x[0]), int(x[1]), float(x[2]), x.cpu()
     assert counter.n == 6
+
+
+class UploadCounter:
+    """Host data that becomes a tensor inside a step (`torch.tensor` / `as_tensor` of Python data):
+    each one is a host-to-device copy when the model is on an accelerator."""
+
+    def __init__(self):
+        self.n, self.on = 0, False
+
+    def install(self, monkeypatch) -> None:
+        for name in ("tensor", "as_tensor"):
+            monkeypatch.setattr(torch, name, self._wrap(getattr(torch, name)))
+
+    def _wrap(self, orig):
+        def counted(data, *a, **k):
+            if self.on and not isinstance(data, torch.Tensor):
+                self.n += 1
+            return orig(data, *a, **k)
+        return counted
+
+
+@pytest.mark.parametrize("method,bound", [("vanilla", 1), ("freedave", 1), ("spiffy", 1), ("specfold", 2)])
+def test_one_upload_per_step(llm, monkeypatch, method, bound):
+    """The step's index data goes to the device in one copy (the runner's), plus one per folded
+    verification batch (its plan's rows and ancestors, in one buffer); 1 request as 8."""
+    counter = UploadCounter()
+    counter.install(monkeypatch)
+    config = EngineConfig(method=method, rule="static", max_num_seqs=8, draft_budget=64)
+    many, _ = _max_reads(llm, config, _prompts(8), counter)
+    one, _ = _max_reads(llm, config, _prompts(1), counter)
+    assert 1 <= many <= bound and one == many, (method, one, many)

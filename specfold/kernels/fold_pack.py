@@ -90,18 +90,18 @@ class PackPlan:
             for i in range(1, s.B1):
                 dr.extend(range(s.offset + i * s.N, s.offset + (i + 1) * s.N))
                 pr.extend(range(s.offset + s.par[i] * s.N, s.offset + (s.par[i] + 1) * s.N))
-        self.draft_rows = torch.tensor(dr, dtype=torch.long, device=device)
-        self.parent_rows = torch.tensor(pr, dtype=torch.long, device=device)
         # ancestors [T, depth] (flat rows), padded with the root row of the same position
         anc = []
         for s, chains in zip(segments, chains_of):
             for c in chains:
                 c = c + [0] * (depth - len(c))
-                anc.extend([s.offset + b * s.N + n for b in c] for n in range(s.N))
-        self.anc = torch.tensor(anc, dtype=torch.long, device=device)
+                for n in range(s.N):
+                    anc.extend(s.offset + b * s.N + n for b in c)
+        last = [s.offset + s.size - 1 for s in segments]
+        self.draft_rows, self.parent_rows, anc_flat, self.last = _upload([dr, pr, anc, last], device)
+        self.anc = anc_flat.view(self.T, depth)
         self.cos = torch.cat([c.repeat(s.B1, 1) for c, s in zip(cos, segments)])  # [T, D]
         self.sin = torch.cat([c.repeat(s.B1, 1) for c, s in zip(sin, segments)])
-        self.last = torch.tensor([s.offset + s.size - 1 for s in segments], dtype=torch.long, device=device)
         self.has_drafts = bool(dr)
         self.syncs = 0  # host syncs made by select (one per gate point)
 
@@ -143,6 +143,21 @@ class PackPlan:
             return torch.arange(self.T, device=rec.device)
         first = rec[self.anc].to(torch.uint8).argmax(1, keepdim=True)
         return self.anc.gather(1, first).squeeze(1)
+
+
+def _upload(parts: list[list[int]], device: torch.device) -> list[Tensor]:
+    """Host index lists -> device tensors (views of one buffer): one host-to-device copy, from pinned
+    memory on CUDA."""
+    buf = torch.tensor([v for p in parts for v in p], dtype=torch.long)
+    if device.type == "cuda":
+        buf = buf.pin_memory().to(device, non_blocking=True)
+    elif buf.device != device:
+        buf = buf.to(device)
+    out, o = [], 0
+    for p in parts:
+        out.append(buf[o: o + len(p)])
+        o += len(p)
+    return out
 
 
 @dataclass(slots=True)
