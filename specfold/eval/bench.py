@@ -98,13 +98,14 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
                         llm.generate([s.prompt for s in todo[:b]], run.params)
                     for i in range(0, len(todo), b):
                         chunk = todo[i: i + b]
-                        t0 = time.perf_counter()
+                        t0, c0 = time.perf_counter(), time.process_time()
                         outs = (llm.generate([s.prompt for s in chunk], run.params) if outputs is None
                                 else [next(outputs)])
                         share = (time.perf_counter() - t0) / len(chunk) if b > 1 else None
+                        cpu = (time.process_time() - c0) / len(chunk) if outputs is None else None
                         for s, o in zip(chunk, outs):
                             rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
-                                              refs.get((run.ref_setting, s.id)), share)
+                                              refs.get((run.ref_setting, s.id)), share, cpu)
                             writer.write(rec)
                             records.append(rec)
                             if run.method == REFERENCE:
@@ -115,7 +116,10 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
 
 
 def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict, ref: dict | None,
-                throughput_seconds: float | None = None) -> dict:
+                throughput_seconds: float | None = None, cpu_seconds: float | None = None) -> dict:
+    """One sample's record; `throughput_seconds`: its share of its batch's wall time (B > 1), and
+    `cpu_seconds`: its share of this process's CPU time over the generate call (steadier than wall
+    time when other jobs share the cores; None when another process generated it)."""
     st = out.stats
     score = task.score(sample, out.text)
     rec = {"task": task.name, "id": sample.id, "method": run.method, "setting": run.setting,
@@ -126,7 +130,8 @@ def make_record(task: Task, sample, run: Run, out, model_name: str, pdict: dict,
            "tokens_per_second": st.tokens_per_second, "fold_ratio": st.extra.get("fold_ratio"),
            "fold_ratio_excl_layer0": st.extra.get("fold_ratio_excl_layer0"),
            "extra": {str(k): v for k, v in st.extra.items()}, "batch": dict(run.sweep).get("batch", 1),
-           "throughput_seconds": st.seconds if throughput_seconds is None else throughput_seconds}
+           "throughput_seconds": st.seconds if throughput_seconds is None else throughput_seconds,
+           "cpu_seconds": cpu_seconds}
     match, exact = token_match(rec["token_ids"], ref["token_ids"]) if ref is not None else (None, None)
     rec["match"], rec["exact"] = match, exact
     return rec

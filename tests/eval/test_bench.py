@@ -341,6 +341,7 @@ def test_batch_sizes_budgets_and_the_batch_plot(llm, data, tmp_path):
     assert by[("freedave", "draft_budget=2")]["predicted_over_measured"] is None
     b3 = [r for r in recs if r["batch"] == 3 and r["method"] == "vanilla"]
     assert len({r["throughput_seconds"] for r in b3}) == 1  # one batch: its wall time shared
+    assert len({r["cpu_seconds"] for r in b3}) == 1 and all(r["cpu_seconds"] > 0 for r in recs)  # CPU time too
     table = format_table(rows)
     assert "| drafts/verif. | pred/meas |" in table.splitlines()[0]
     paths = write_plots(rows, tmp_path / "plots")
