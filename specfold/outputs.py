@@ -1,4 +1,11 @@
-"""Outputs of `LLM.generate`: one `RequestOutput` per prompt, with its `DecodeStats`."""
+"""Outputs of `LLM.generate`: one `RequestOutput` per prompt, with its `DecodeStats`.
+
+`RequestOutput.logprobs` (when `SamplingParams(logprobs=N)` asked for them; None otherwise): one dict
+per token of `token_ids`, token id -> log-probability, like vLLM's: the N most likely tokens in rank
+order, then the chosen token if it is not among them (so N or N + 1 entries; the chosen one is
+`logprobs[i][token_ids[i]]`). The numbers are those of the forward that committed the token, at
+temperature 1 with the mask token excluded (docs/SERVING.md, "Log-probabilities").
+"""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -36,3 +43,4 @@ class RequestOutput:
     finish_reason: str  # "stop" | "length" | "abort"
     stats: DecodeStats
     request_id: str | None = None
+    logprobs: list[dict[int, float]] | None = None  # per token: {token id: log-probability} (asked for)

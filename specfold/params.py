@@ -227,7 +227,7 @@ class EngineConfig:
         return p
 
 
-_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "seed", "chat_template")
+_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "seed", "chat_template", "logprobs")
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 
 
@@ -250,6 +250,7 @@ class DecodeParams:
     temperature: float = 0.0
     seed: int = 0
     chat_template: bool = False
+    logprobs: int | None = None
     early_stop: bool = True
     draft_depth: int = 8
     eager: bool = False

@@ -89,11 +89,13 @@ def read_block(logits: torch.Tensor, mask_id: int) -> tuple[list[int], list[floa
 
 def reference_decode(w: dict, cfg: dict, prompt: list[int], *, rule: str, max_new_tokens: int, mask_id: int,
                      eos_id: int, block: int = 32, steps: int = 32, threshold: float = 0.95,
-                     edit_threshold: float = 0.0, max_post_steps: int = 16, trace: list | None = None
-                     ) -> tuple[list[int], int]:
+                     edit_threshold: float = 0.0, max_post_steps: int = 16, trace: list | None = None,
+                     logprobs: dict | None = None) -> tuple[list[int], int]:
     """The official decode loop at temperature 0 with the cache-free forward. Returns (tokens after
     the prompt, cut before the first eos and at max_new_tokens; forwards run). `trace`, when given,
-    receives one dict per step (block start, step, masked, frozen, prob, writes, edits, post)."""
+    receives one dict per step (block start, step, masked, frozen, prob, writes, edits, post).
+    `logprobs`, when given, receives absolute position -> the log-probability (mask excluded) of the
+    token last written there, in the forward of the step that wrote it (an edit overwrites)."""
     L = len(prompt)
     total = -(-(L + max_new_tokens) // block) * block  # the last block is decoded in full
     x = list(prompt) + [mask_id] * (total - L)
@@ -120,6 +122,10 @@ def reference_decode(w: dict, cfg: dict, prompt: list[int], *, rule: str, max_ne
                 st = R.llada2_edit_step(cur, masked, frozen, top, prob, threshold, edit_threshold)
             for i, t in st.writes:
                 x[start + i] = t
+                if logprobs is not None:
+                    lg = logits[start + i].double().clone()
+                    lg[mask_id] = float("-inf")
+                    logprobs[start + i] = float(torch.log_softmax(lg, -1)[t])
             if trace is not None:
                 trace.append(dict(start=start, step=step, masked=masked, frozen=frozen, prob=prob,
                                   writes=st.writes, edits=st.edits, post=post))

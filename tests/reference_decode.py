@@ -10,7 +10,9 @@ from specfold.decoding.readout import score
 from specfold.decoding.rules import make_rule
 
 
-def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
+def reference_decode(model, spec, p, prompt: list[int], logprobs: dict | None = None) -> list[int]:
+    """`logprobs` (a dict): filled with absolute position -> the log-probability (mask excluded,
+    temperature 1) of the token the step that wrote it chose, in that step's forward."""
     c = p.resolve(spec)
     N, L, M = c.block_size, len(prompt), spec.mask_token_id
     limit = L + p.max_new_tokens
@@ -32,6 +34,8 @@ def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
                 lg = full_logits(seq[:start])[-1].clone()
                 lg[M] = float("-inf")
                 block[0] = int(lg.argmax())
+                if logprobs is not None:
+                    logprobs[start] = float(torch.log_softmax(lg.double(), -1)[block[0]])
             allowed = [start + i >= L and start + i < limit for i in range(N)]
             state = list(block)
             step, n0 = 0, sum(1 for t, a in zip(state, allowed) if a and t == M)
@@ -47,7 +51,15 @@ def reference_decode(model, spec, p, prompt: list[int]) -> list[int]:
                 pos = [i for i, f in enumerate(rule.region(masked, 0)) if f]
                 logits = full_logits(seq[:start] + state)[[start + i - shift for i in pos]]
                 s = score(logits, pos, M, c.confidence)
-                state = rule.apply(state, s, step, n0)
+                nxt = rule.apply(state, s, step, n0)
+                if logprobs is not None:
+                    lg = logits.double().clone()
+                    lg[:, M] = float("-inf")
+                    lp = torch.log_softmax(lg, -1)
+                    for r, i in enumerate(pos):
+                        if nxt[i] != state[i]:
+                            logprobs[start + i] = float(lp[r, nxt[i]])
+                state = nxt
                 step += 1
             seq = seq[:start] + state
             out = [t for t in seq[L:limit]]

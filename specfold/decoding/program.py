@@ -75,6 +75,8 @@ class BlockState:
     parent: Step | None = None
     fresh: bool = False  # the store was just filled for the current state (no reuse to count)
     seed: int | None = None  # seed token of the next block
+    seed_lp: dict | None = None  # its log-probabilities (requests that asked for them)
+    lps: dict = field(default_factory=dict)  # index in `tokens` -> log-probabilities of the token written there
     store: ScoreStore = field(default_factory=ScoreStore)
     seq: list[int] = field(default_factory=list)  # committed tokens by absolute position (eager keys)
     last_batch: tuple | None = None  # eager: (branch tokens, device hidden states, window start)
@@ -178,17 +180,17 @@ class BlockProgram:
         if st.phase == "prefill":
             req.stats.nfe += 1
             req.counters.prefill_forwards += 1
-            st.seed = res.rows[0].token if res.rows else None
+            st.seed, st.seed_lp = (res.rows[0].token, res.rows[0].logprobs) if res.rows else (None, None)
             self._new_block(req, st)
         elif st.phase == "denoise":
             self._file(req, st, res)
         elif st.phase == "commit":
             req.stats.nfe += 1
             req.counters.commit_forwards += 1
-            st.seed = res.rows[0].token if res.rows else None
+            st.seed, st.seed_lp = (res.rows[0].token, res.rows[0].logprobs) if res.rows else (None, None)
             self._next_block(req, st)
         else:
-            st.seed, st.reuse = res.rows[0].token, None
+            st.seed, st.seed_lp, st.reuse = res.rows[0].token, res.rows[0].logprobs, None
             self._next_block(req, st)
 
     def done(self, req: DecodeRequest) -> bool:
@@ -200,9 +202,11 @@ class BlockProgram:
         n_prompt = max(0, min(L - start, N))
         tokens = [self.M] * N
         tokens[:n_prompt] = req.prompt_ids[start: start + n_prompt]
+        st.lps = {}
         if st.seed is not None:  # seed-token families: the block's first position, predicted before it
             tokens[n_prompt] = st.seed
-            st.seed = None
+            st.lps[n_prompt] = st.seed_lp  # committed by the forward that predicted it
+            st.seed, st.seed_lp = None, None
         full = self.spec.full_last_block  # LLaDA2: the last block is decoded past the limit (emit cuts)
         allowed = [(full or start + i < req.limit) and i >= n_prompt for i in range(N)]
         st.tokens, st.n_prompt, st.phase, st.seen = tokens, n_prompt, "denoise", {}
@@ -233,7 +237,8 @@ class BlockProgram:
     def _block_done(self, req: DecodeRequest, st: BlockState) -> None:
         if not self.spec.uses_cache:
             hi = min(st.lo + req.config.block_size, req.limit)
-            if req.emit(st.tokens[st.lo: hi], self.M) or self._stopped(req, st.tokens, len(req.prompt_ids), hi):
+            if req.emit(st.tokens[st.lo: hi], self.M, self._lps(req, st, st.lo, hi)) or \
+                    self._stopped(req, st.tokens, len(req.prompt_ids), hi):
                 st.phase = "done"
             elif hi >= req.limit:
                 st.phase = "done"
@@ -242,7 +247,8 @@ class BlockProgram:
             return
         N, start = req.config.block_size, st.start
         n_allowed = sum(st.ctx.allowed)
-        if req.emit(st.tokens[st.n_prompt: st.n_prompt + n_allowed], self.M) or start + N >= req.limit:
+        lo, hi = st.n_prompt, st.n_prompt + n_allowed
+        if req.emit(st.tokens[lo: hi], self.M, self._lps(req, st, lo, hi)) or start + N >= req.limit:
             st.phase = "done"
             return
         st.seq[start: start + N] = st.tokens
@@ -256,6 +262,11 @@ class BlockProgram:
             return
         st.prelude.append(self._reuse_job(req, st, hidden, read=False))
         self._next_block(req, st)
+
+    @staticmethod
+    def _lps(req: DecodeRequest, st: BlockState, lo: int, hi: int) -> list | None:
+        """The log-probabilities of tokens[lo:hi] (None: the request did not ask for them)."""
+        return None if req.params.logprobs is None else [st.lps.get(i) for i in range(lo, hi)]
 
     def _next_block(self, req: DecodeRequest, st: BlockState) -> None:
         st.start += req.config.block_size
@@ -293,6 +304,8 @@ class BlockProgram:
             st.fresh = False
             region = rule.region(rule.candidates(st.tokens, allowed, self.M), ctx.block_origin)
             nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
+            if entry.scored.logprobs is not None:
+                _keep_logprobs(st, entry.scored, nxt)
             if self.acceptance is not None:
                 self.acceptance.step(sum(1 for a, b in zip(st.tokens, nxt) if a != b))
             st.parent = Step(st.tokens, entry.scored, nxt, region, entry.ahead)
@@ -316,17 +329,18 @@ class BlockProgram:
         seed = self.spec.seed_token and pre == L
         return Job([req.prompt_ids[:pre]], 0, req.cache, prefill_mask(self.spec.attention, req.config.block_size),
                    write_cache=True, logits_at=[pre - 1] if seed else [], head=self.head, kind="prefill",
-                   read=Read() if seed else None)
+                   read=Read(logprobs=req.params.logprobs) if seed else None)
 
     def _commit_job(self, req: DecodeRequest, st: BlockState) -> Job:
         N = req.config.block_size
         seed = self.spec.seed_token
         return Job([list(st.tokens)], st.start, req.cache, commit_mask(self.spec.attention, N, self._origin(req)), write_cache=True,
-                   logits_at=[N - 1] if seed else [], head=self.head, kind="commit", read=Read() if seed else None)
+                   logits_at=[N - 1] if seed else [], head=self.head, kind="commit",
+                   read=Read(logprobs=req.params.logprobs) if seed else None)
 
     def _reuse_job(self, req: DecodeRequest, st: BlockState, hidden: list, read: bool) -> Job:
         return Job([list(st.tokens)], st.start, req.cache, kind="reuse", hidden=hidden, head=self.head,
-                   read=Read() if read else None)
+                   read=Read(logprobs=req.params.logprobs) if read else None)
 
     def _propose(self, req: DecodeRequest, st: BlockState, key: tuple) -> Proposal:
         """[root] + the policy's drafts over the window (the block, or the block and later blocks in
@@ -420,7 +434,7 @@ class BlockProgram:
         if T > 0:  # noise keyed by each row's exact block state (lossless at any temperature)
             keys = [state_key(req.seed, ctx.start + (u // N) * N, b[(u // N) * N: (u // N + 1) * N], ctx.start + u)
                     for b, need in zip(branches, rows) for u in need]
-        return Read(kind=c.confidence, temperature=T, topk=topk, keys=keys)
+        return Read(kind=c.confidence, temperature=T, topk=topk, keys=keys, logprobs=req.params.logprobs)
 
     def _regions(self, toks: list[int], ctx: BlockContext, N: int, extra: int,
                  ahead: bool) -> tuple[list[list[int]], list[list[int]]]:
@@ -475,7 +489,8 @@ class BlockProgram:
                     break
                 rows = [res.rows[lookup[p]] for p in parts[j]]
                 scored = Scored([p - j * N for p in parts[j]], [r.token_t if T else r.token for r in rows],
-                                [r.conf_t if T else r.conf for r in rows], [r.top for r in rows] if v.read.topk else None)
+                                [r.conf_t if T else r.conf for r in rows], [r.top for r in rows] if v.read.topk else None,
+                                [r.logprobs for r in rows] if v.read.logprobs is not None else None)
                 ahead = None
                 if aheads and aheads[j]:
                     arows = [res.rows[lookup[p]] for p in aheads[j]]
@@ -484,6 +499,17 @@ class BlockProgram:
                 st.store.put((ctx.start + j * N, tuple(toks[: (j + 1) * N])), Entry(scored, node, ahead))
         st.verification, st.fresh = None, True
         self._advance(req, st)
+
+
+def _keep_logprobs(st: BlockState, scored: Scored, nxt: list[int]) -> None:
+    """The log-probabilities of every token this rule step wrote, from the scores of the exact state it
+    was applied to (the forward that committed it; for a lossless method that state's scores are
+    vanilla's). A later edit (llada2_edit) overwrites them: a token's numbers come from the forward
+    that committed its final value."""
+    at = {p: i for i, p in enumerate(scored.positions)}
+    for p, (a, b) in enumerate(zip(st.tokens, nxt)):
+        if a != b:
+            st.lps[p] = scored.logprobs[at[p]]
 
 
 def _pad(t: list[int], W: int, M: int) -> list[int]:

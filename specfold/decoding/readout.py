@@ -12,7 +12,15 @@ the block program keys a row by (seed, block start, exact block state, position)
 by (seed, position). So a row's sampled token does not depend on which forward computed it, which is
 what keeps speculative methods lossless against vanilla at any temperature and any batch.
 
-Row layout (float64): [tok0, conf0, (tokT, confT if T > 0), top ids × K, top probs × K if probs].
+Log-probabilities (`Read.logprobs = N`, only for requests that asked for them, so other rows cost
+nothing more): the chosen token's (the argmax at T = 0, the sampled token at T > 0) log-probability
+under the raw logits at temperature 1 with the mask token excluded (the distribution the engine picks
+from, before any temperature), and the N most likely ids with theirs. On the host a row's
+`logprobs` is a dict token id -> log-probability: the N most likely in rank order (ties: lower id
+first), then the chosen token if it is not among them.
+
+Row layout (float64): [tok0, conf0, (tokT, confT if T > 0), top ids × K, top probs × K if probs,
+(chosen logprob, top-N ids × N, top-N logprobs × N if logprobs is not None)].
 """
 from __future__ import annotations
 
@@ -30,10 +38,12 @@ class Read:
     topk: int = 0  # K most likely ids per row (0 = none)
     probs: bool = False  # also their probabilities (at T = 0)
     keys: list[int] | None = None  # per row (b-major), the noise key at T > 0
+    logprobs: int | None = None  # the chosen token's log-probability and the N most likely (None = none)
 
     @property
     def width(self) -> int:
-        return 2 + (2 if self.temperature > 0 else 0) + self.topk * (2 if self.probs else 1)
+        lp = 0 if self.logprobs is None else 1 + 2 * self.logprobs
+        return 2 + (2 if self.temperature > 0 else 0) + self.topk * (2 if self.probs else 1) + lp
 
 
 @dataclass(slots=True)
@@ -44,6 +54,7 @@ class Row:
     conf_t: float
     top: list[int] | None
     top_probs: list[float] | None
+    logprobs: dict[int, float] | None = None  # token id -> log-probability (Read.logprobs; see above)
 
 
 def position_key(seed: int, position: int) -> int:
@@ -70,14 +81,20 @@ def read_rows(logits: torch.Tensor, mask_id: int, r: Read) -> torch.Tensor:
         tokt = _gumbel(logpt.double(), r.keys)
         cols += [tokt.double(), _conf(logpt.exp(), logpt, tokt, r.kind)]
     out = torch.stack(cols, dim=1)
+    parts = [out]
     if r.topk:
         top = lg.topk(min(r.topk, lg.shape[-1]), dim=-1).indices
         top[:, 0] = tok0  # ties: the argmax (lowest index) is vocabulary rank 0
-        parts = [out, top.double()]
+        parts.append(top.double())
         if r.probs:
             parts.append(probs.gather(-1, top).double())
-        out = torch.cat(parts, dim=1)
-    return out
+    if r.logprobs is not None:
+        chosen = tokt if r.temperature > 0 else tok0
+        parts.append(logp.gather(-1, chosen[:, None]).double())
+        if r.logprobs:
+            best = logp.topk(min(r.logprobs, logp.shape[-1]), dim=-1)
+            parts += [best.indices.double(), best.values.double()]
+    return torch.cat(parts, dim=1) if len(parts) > 1 else out
 
 
 def _conf(probs: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, kind: str) -> torch.Tensor:
@@ -119,7 +136,19 @@ def split_rows(flat: list[float], n: int, r: Read) -> list[Row]:
             tok_t, conf_t, j = int(v[2]), v[3], 4
         top = [int(x) for x in v[j: j + k]] if k else None
         tp = v[j + k: j + 2 * k] if k and r.probs else None
-        out.append(Row(tok, conf, tok_t, conf_t, top, tp))
+        j += k * (2 if r.probs else 1)
+        lp = _logprobs(v[j:], tok_t, r.logprobs) if r.logprobs is not None else None
+        out.append(Row(tok, conf, tok_t, conf_t, top, tp, lp))
+    return out
+
+
+def _logprobs(v: list[float], chosen: int, n: int) -> dict[int, float]:
+    """[chosen logprob, ids × n, logprobs × n] -> {id: logprob}: the n most likely by rank (ties to the
+    lower id), then the chosen token if it is not among them. The mask token (-inf) never appears."""
+    top = sorted(((int(i), x) for i, x in zip(v[1: 1 + n], v[1 + n: 1 + 2 * n]) if x != float("-inf")),
+                 key=lambda p: (-p[1], p[0]))
+    out = dict(top)
+    out.setdefault(chosen, v[0])
     return out
 
 

@@ -75,6 +75,8 @@ class DecodeRequest:
         self.counters = Counters()
         self.finish_reason: str | None = None
         self.output_ids: list[int] = []
+        # per output token, {token id: log-probability} from the forward that committed it (when asked)
+        self.output_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.draft_budget: int | None = None  # causal programs: the cap on alternative drafts (None = no cap)
         self.draft_pick: list[int] | None = None  # block program: the drafts to verify this step (None = all)
         self.state = None  # the program's typed per-request state
@@ -85,10 +87,12 @@ class DecodeRequest:
         """Positions at or beyond this are never unmasked."""
         return len(self.prompt_ids) + self.params.max_new_tokens
 
-    def emit(self, tokens: list[int], mask_id: int) -> bool:
+    def emit(self, tokens: list[int], mask_id: int, logprobs: list | None = None) -> bool:
         """Append final tokens, cut at the first stop token (excluded) and at max_new_tokens. Returns
-        True when the output is decided (a stop token was reached or the length is used up)."""
-        for t in tokens:
+        True when the output is decided (a stop token was reached or the length is used up).
+        `logprobs`: per token, its {token id: log-probability} (kept when the request asked for them)."""
+        keep = self.output_logprobs
+        for i, t in enumerate(tokens):
             if len(self.output_ids) >= self.params.max_new_tokens:
                 break
             if t in self.stop_ids:
@@ -97,4 +101,8 @@ class DecodeRequest:
             if t == mask_id:
                 raise RuntimeError("internal error: a mask token reached the output")
             self.output_ids.append(int(t))
+            if keep is not None:
+                if logprobs is None or logprobs[i] is None:
+                    raise RuntimeError("internal error: a final token without its log-probabilities")
+                keep.append(logprobs[i])
         return len(self.output_ids) >= self.params.max_new_tokens

@@ -34,6 +34,7 @@ class Scored:
     tokens: list[int]  # [C] chosen token per candidate
     conf: list[float]  # [C] confidence (float64)
     top: list[list[int]] | None = None  # [C][K] the K most likely ids (column 0 = argmax at T = 0)
+    logprobs: list[dict[int, float]] | None = None  # [C] per candidate: token id -> log-probability (asked for)
 
 
 def rank(s: Scored) -> list[int]:

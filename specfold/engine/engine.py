@@ -54,6 +54,7 @@ class RequestDelta:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     output: RequestOutput | None = None  # when finished
+    new_logprobs: list[dict[int, float]] | None = None  # per new token (SamplingParams.logprobs), else None
 
 
 def build_program(model, spec, config: EngineConfig):
@@ -197,14 +198,19 @@ class Engine:
             self._finish(req, "stop")
             req.finish_reason = "stop"
         new = req.output_ids[req.reported:]
+        lps = req.output_logprobs
+        if lps is not None:
+            del lps[len(req.output_ids):]  # a stop string trimmed the ids
         if not new and not text and not req.finished:
             return None
+        new_lps = lps[req.reported:] if lps is not None else None
         req.reported = len(req.output_ids)
         out = None
         if req.finished:
             self.requests.pop(req.id, None)
             out = self._output(req)
-        return RequestDelta(req.id, list(new), text, req.finished, req.finish_reason if req.finished else None, out)
+        return RequestDelta(req.id, list(new), text, req.finished, req.finish_reason if req.finished else None, out,
+                            new_lps)
 
     def _output(self, req: Request) -> RequestOutput:
         st = req.stats
@@ -215,7 +221,8 @@ class Engine:
         if self.tokenizer is not None and not req.text and req.output_ids and req.finish_reason == "abort":
             req.text = self.tokenizer.decode(req.output_ids)
         return RequestOutput(prompt=req.prompt, prompt_token_ids=req.prompt_ids, token_ids=list(req.output_ids),
-                             text=req.text, finish_reason=req.finish_reason, stats=st, request_id=req.id)
+                             text=req.text, finish_reason=req.finish_reason, stats=st, request_id=req.id,
+                             logprobs=list(req.output_logprobs) if req.output_logprobs is not None else None)
 
     # ------------------------------------------------------------------ helpers
     def run_one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:

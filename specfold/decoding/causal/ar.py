@@ -65,5 +65,6 @@ class AR:
             req.counters.prefill_forwards += 1
         else:
             count(req, "decode", 1)
-        if not commit(req, st, [results[0].rows[0].token_t], self.M):
+        row = results[0].rows[0]
+        if not commit(req, st, [row.token_t], self.M, [row]):
             st.phase = "decode"

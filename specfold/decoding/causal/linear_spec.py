@@ -96,7 +96,7 @@ class LinearSpec:
         if st.phase == "prefill":
             count(req, "prefill", len(req.prompt_ids))
             req.counters.prefill_forwards += 1
-            if not commit(req, st, [res.rows[0].token_t], self.M):
+            if not commit(req, st, [res.rows[0].token_t], self.M, res.rows[:1]):
                 self._new_round(req, st)
         elif st.phase == "draft":
             self._absorb_draft(req, st, res)
@@ -150,5 +150,5 @@ class LinearSpec:
         else:
             st.pending = st.pending + r.batch[best][:best_len]
         st.round = None
-        if not commit(req, st, best_tok[:best_len], self.M):
+        if not commit(req, st, best_tok[:best_len], self.M, res.rows[best * n: best * n + best_len]):
             self._new_round(req, st)

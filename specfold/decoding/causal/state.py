@@ -5,7 +5,8 @@ Invariants:
   argmax with the mask token's logit at -inf (ties to the lower id); at T > 0 Gumbel-max with noise
   keyed by (seed, q) (`readout.position_key`). Every causal program therefore picks the same token at
   the same position given the same prefix, which is what makes LinearSpec lossless against AR for a
-  fixed seed, at any temperature;
+  fixed seed, at any temperature; a committed token's log-probabilities are those of the causal
+  forward that chose it (the same numbers as AR's: that forward saw the same committed prefix);
 - `generated` holds the final tokens the request accepted (`DecodeRequest.emit` cuts the output);
 - `req.cache.length` = number of positions whose K/V are in the prefix cache; positions
   `[cache.length, start)` are committed tokens waiting to be written (`pending`, multi-branch only).
@@ -30,9 +31,11 @@ class CausalState:
         return self.phase == "done"
 
 
-def commit(req, st: CausalState, tokens: list[int], mask_id: int) -> bool:
-    """Hand final tokens to the request; True (and phase "done") when its output is decided."""
-    if req.emit(tokens, mask_id):
+def commit(req, st: CausalState, tokens: list[int], mask_id: int, rows=None) -> bool:
+    """Hand final tokens to the request; True (and phase "done") when its output is decided. `rows`:
+    the causal read rows the tokens were chosen from (their log-probabilities, when asked for)."""
+    lps = [r.logprobs for r in rows] if rows is not None and req.params.logprobs is not None else None
+    if req.emit(tokens, mask_id, lps):
         st.phase = "done"
         return True
     st.generated += [int(t) for t in tokens]
@@ -47,7 +50,8 @@ def remaining(req, st: CausalState) -> int:
 def causal_read(req, positions: list[int], confidence: str = "max_prob") -> Read:
     """The causal choice at every predicted absolute position (one row each)."""
     T = req.params.temperature
-    return Read(kind=confidence, temperature=T, keys=[position_key(req.seed, q) for q in positions] if T > 0 else None)
+    return Read(kind=confidence, temperature=T, keys=[position_key(req.seed, q) for q in positions] if T > 0 else None,
+                logprobs=req.params.logprobs)
 
 
 def count(req, kind: str, rows: int) -> None:
