@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,8 +54,9 @@ def body(i: int) -> dict:
     return b
 
 
-async def chat(c: httpx.AsyncClient, url: str, b: dict) -> tuple[int, dict]:
-    """(status, {"texts", "reasons"}) or (status, an error body); a stream's in-band error counts as one."""
+async def chat(c: httpx.AsyncClient, url: str, b: dict, streaming=None) -> tuple[int, dict]:
+    """(status, {"texts", "reasons"}) or (status, an error body); a stream's in-band error counts as one.
+    `streaming` (a threading.Event) is set once a stream delivers text: its replica is decoding."""
     if not b.get("stream"):
         r = await c.post(url + "/v1/chat/completions", json=b)
         j = r.json()
@@ -75,6 +77,8 @@ async def chat(c: httpx.AsyncClient, url: str, b: dict) -> tuple[int, dict]:
                     error = ev
                     continue
                 for ch in ev["choices"]:
+                    if streaming is not None and ch["delta"].get("content"):
+                        streaming.set()
                     texts[ch["index"]] = texts.get(ch["index"], "") + (ch["delta"].get("content") or "")
                     reasons[ch["index"]] = ch["finish_reason"] or reasons.get(ch["index"])
     assert done, "a stream must end with data: [DONE]"
@@ -84,18 +88,20 @@ async def chat(c: httpx.AsyncClient, url: str, b: dict) -> tuple[int, dict]:
 
 
 async def load(url: str, n: int, timeout: float, during=None) -> list:
-    """n concurrent requests; each result is (status, body, seconds) or ("exception", repr, seconds)."""
+    """n concurrent requests; each result is (status, body, seconds) or ("exception", repr, seconds).
+    `during(streaming)` runs in a thread meanwhile; `streaming` is set once any stream has text."""
+    streaming = threading.Event()
     async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=n)) as c:
         async def one(i):
             t = time.monotonic()
             try:
-                status, got = await chat(c, url, body(i))
+                status, got = await chat(c, url, body(i), streaming)
             except Exception as e:  # noqa: BLE001 (asserted by the callers)
                 return "exception", repr(e), time.monotonic() - t
             return status, got, time.monotonic() - t
         tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
         if during is not None:
-            await asyncio.get_running_loop().run_in_executor(None, during)
+            await asyncio.get_running_loop().run_in_executor(None, during, streaming)
         return await asyncio.gather(*tasks)
 
 
@@ -174,10 +180,13 @@ def test_fault_killed_replica_fails_its_requests_and_is_replaced(cli_server):
     assert len(reps) == 2
     killed = {}
 
-    def kill_a_busy_replica():
-        wait_until(lambda: any(r["running"] >= 2 for r in running_replicas(cli_server)), "a busy replica",
-                   limit=60, every=0.05)
-        victim = max(running_replicas(cli_server), key=lambda r: r["running"])
+    def kill_a_busy_replica(streaming: threading.Event):
+        # The replicas report every 2 s, about as long as the whole load takes, so a report's
+        # `running` may be stale: kill once a stream has text instead. All 32 requests were sent at
+        # once, Serve's router spreads them over both replicas, and a stream's first text comes
+        # after its first block, long before any request ends: either replica holds requests then.
+        assert streaming.wait(60), "no stream delivered text within 60 s"
+        victim = running_replicas(cli_server)[0]
         ray.kill(ray.get_actor(victim["actor_name"], namespace=victim["namespace"]), no_restart=True)
         killed.update(victim)
     results = asyncio.run(load(cli_server, 32, timeout=90, during=kill_a_busy_replica))
