@@ -104,8 +104,10 @@ class EngineConfig:
     step, for each request, the drafts that maximise the step's expected committed tokens per second,
     from a measured cost model and acceptance estimates: engine/budget.py) or an integer N >= 0 (the
     first N of the policy's list; 0 = no drafts). Budgets change speed, never tokens.
-    `cuda_graphs` (CUDA only): the runner pads every step to a bucket and replays one captured graph
-    per bucket; elsewhere it only pads (the same tokens)."""
+    `static_shapes`: every request's K/V live in one preallocated pool (`max_num_seqs` slots of
+    `max_seq_len` + 2 blocks positions; unset: min(the model's context, 2048)) and the runner pads the
+    step's dense forwards to bucket sizes (engine/graphs.py); the tokens are the same. `cuda_graphs`
+    (CUDA only; implies static_shapes) also captures one CUDA graph per bucket and replays it."""
     method: str = "vanilla"
     rule: str | None = None
     block_size: int | None = None
@@ -132,8 +134,9 @@ class EngineConfig:
     max_waiting: int = 256
     max_num_batched_tokens: int = 8192
     draft_budget: int | str = "auto"
-    buckets: bool = False  # pad each step's packed rows and KV lengths to bucket sizes
-    cuda_graphs: bool = False
+    static_shapes: bool = False  # a pooled KV cache; each step's packed rows and KV lengths padded to buckets
+    cuda_graphs: bool = False  # CUDA only: one captured graph per bucket (implies static_shapes)
+    max_seq_len: int | None = None  # static shapes: prompt + max_new_tokens one pool slot holds
 
     def __post_init__(self) -> None:
         if self.rule is not None and self.rule not in RULES:
@@ -162,6 +165,12 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens"):
             _int(name, getattr(self, name), 1)
         _int("max_waiting", self.max_waiting, 0)
+        for name in ("static_shapes", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ParamsError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        self.static_shapes = self.static_shapes or self.cuda_graphs
+        if self.max_seq_len is not None:
+            _int("max_seq_len", self.max_seq_len, 1)
         if self.draft_budget != "auto":
             if isinstance(self.draft_budget, str) and self.draft_budget.strip().isdigit():
                 self.draft_budget = int(self.draft_budget)

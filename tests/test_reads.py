@@ -5,7 +5,7 @@ Every way a tensor's values reach Python is patched and counted while `Engine.st
 On the tiny model with 8 concurrent requests a step of vanilla, FreeDave or Spiffy reads at most 2
 times (the runner's one read of every job's scores, plus at most one elsewhere); SpecFold at most
 L + 3 (its fold gate syncs once per layer, plus once on the embeddings); and the count does not grow
-with the batch: 1 request reads as often per step as 8.
+with the batch: 1 request reads as often per step as 8. The same bounds hold with static shapes.
 """
 from __future__ import annotations
 
@@ -139,3 +139,31 @@ def test_one_upload_per_step(llm, monkeypatch, method, bound):
     many, _ = _max_reads(llm, config, _prompts(8), counter)
     one, _ = _max_reads(llm, config, _prompts(1), counter)
     assert 1 <= many <= bound and one == many, (method, one, many)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "freedave", "spiffy", "specfold"])
+def test_static_shapes_reads_and_uploads(llm, monkeypatch, method):
+    """With static shapes (a pooled KV cache, steps padded to buckets: engine/graphs.py) the bounds
+    hold as they are: the buckets come from host data only and their integers ride in the runner's
+    one copy. The worst step of each run is compared, 1 request as 8."""
+    bound = 2 if method != "specfold" else llm.spec.num_layers + 3
+    uploads = 1 if method != "specfold" else 2
+    reads, ups = ReadCounter(), UploadCounter()
+    reads.install(monkeypatch)
+    ups.install(monkeypatch)
+    worst = {}
+    for n in (8, 1):
+        worst[n] = {"reads": 0, "uploads": 0}
+        eng = llm.engine(EngineConfig(method=method, max_num_seqs=8, draft_budget=64, static_shapes=True))
+        for pr in _prompts(n):
+            eng.add_request(llm.encode(pr, SamplingParams(chat_template=True)), SamplingParams(max_new_tokens=32))
+        while eng.has_unfinished():
+            reads.n = ups.n = 0
+            reads.on = ups.on = True
+            eng.step()
+            reads.on = ups.on = False
+            worst[n]["reads"] = max(worst[n]["reads"], reads.n)
+            worst[n]["uploads"] = max(worst[n]["uploads"], ups.n)
+        assert eng.runner.static.forwards > 0
+    assert 1 <= worst[8]["reads"] <= bound and 1 <= worst[8]["uploads"] <= uploads, (method, worst)
+    assert worst[1] == worst[8], (method, worst)

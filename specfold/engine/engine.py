@@ -36,6 +36,7 @@ from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
 from specfold.engine.budget import BudgetChooser
+from specfold.engine.graphs import check_pool_fits, static_parts
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
 from specfold.engine.scheduler import Scheduler
@@ -73,7 +74,9 @@ class Engine:
         self.model, self.spec, self.tokenizer = llm.model, llm.spec, getattr(llm, "tokenizer", None)
         self.config = (config or EngineConfig()).resolve(self.spec)
         self.program = program if program is not None else build_program(self.model, self.spec, self.config)
-        self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id)
+        self.pool, static = static_parts(self.model, self.config)
+        self.new_cache = self.pool.new_cache if self.pool is not None else self.model.new_cache
+        self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id, static)
         self.scheduler = Scheduler(self.config)
         self.budget = BudgetChooser(self.config, self.model, self.spec, self.program)
         self.waiting: deque[Request] = deque()
@@ -88,7 +91,10 @@ class Engine:
         check_prompt_ids(prompt_ids, self.spec.vocab_size, self.spec.max_position_embeddings, params.max_new_tokens)
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
-        return self.config.for_request(self.spec, params.max_new_tokens, self.program.whole_blocks)
+        cfg = self.config.for_request(self.spec, params.max_new_tokens, self.program.whole_blocks)
+        if self.pool is not None:
+            check_pool_fits(self.pool, len(prompt_ids), params.max_new_tokens, cfg)
+        return cfg
 
     def can_add(self) -> bool:
         return not self.scheduler.full(len(self.waiting) + len(self.running))
@@ -138,7 +144,7 @@ class Engine:
         touched: list[Request] = []
         with torch.inference_mode():
             for req in self.scheduler.admit(self.waiting, self.running):
-                self.program.start(req, self.model.new_cache)
+                self.program.start(req, self.new_cache)
             plans, predicted = self._plan(touched)
             chosen = self.scheduler.select(plans)
             jobs = [j for _, js in chosen for j in js]

@@ -38,6 +38,9 @@ class Request(DecodeRequest):
         self.free()
 
     def free(self) -> None:
+        release = getattr(self.cache, "release", None)  # a KV pool slot (static shapes) goes back
+        if release is not None:
+            release()
         self.cache = None
         self.state = None
 

@@ -8,7 +8,10 @@ one host-to-device copy and one device-to-host read.
    runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
    `verifier.verify_many` and the rest through one `forward_many`. A root-only verification joins
    the dense call: a verifier only changes how draft rows are computed. Reuse jobs (eager commits)
-   write K/V from earlier hidden states first.
+   write K/V from earlier hidden states first. With static shapes (EngineConfig.static_shapes /
+   cuda_graphs) the forwards that can run padded to a bucket (engine/graphs.py: dense, against a
+   pool slot, no hidden states returned) do, their integers riding in the same one copy; the rest
+   run as above in the same step.
 3. Every job's `Read` is computed on the device (decoding/readout.py) over its logits rows; the
    reads of all jobs are concatenated and copied to the host at once: the step's only read, apart
    from the folded verifier's gate (one per layer).
@@ -20,45 +23,74 @@ import torch
 from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import build_mask, is_full
 from specfold.decoding.readout import read_rows, split_rows
+from specfold.engine.graphs import StaticRunner
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.transformer import Transformer
 
 
 class ModelRunner:
-    def __init__(self, model: Transformer, verifier, mask_id: int):
+    def __init__(self, model: Transformer, verifier, mask_id: int, static: StaticRunner | None = None):
         self.model, self.verifier, self.M = model, verifier, mask_id
         self.device = model.device
+        self.static = static  # static-shape buckets / CUDA graphs (engine/graphs.py), when on
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
         if not jobs:
             return []
-        forwards = self._to_device(jobs)
         logits: list[torch.Tensor | None] = [None] * len(jobs)
         results: list[ForwardResult | None] = [None] * len(jobs)
         for i, j in enumerate(jobs):
-            if j.kind == "reuse":
-                logits[i] = self._reuse(j, forwards[i])
-        idx = [i for i, j in enumerate(jobs) if j.kind != "reuse"]
+            if j.kind == "reuse":  # first: a forward of the same request reads what it writes
+                logits[i] = self._reuse(j)
+        groups = self._static_groups(jobs)
+        fixed = {i for g in groups for i in g.jobs}
+        forwards, buf = self._to_device(jobs, fixed, groups)
+        idx = [i for i, j in enumerate(jobs) if j.kind != "reuse" and i not in fixed]
         for i, r in zip(idx, self._forward([forwards[i] for i in idx])):
             results[i], logits[i] = r, r.logits
+        for g in groups:
+            for i, lg in zip(g.jobs, self.static.run(g, buf)):
+                logits[i] = lg
+        if groups:
+            self.static.commit(jobs, groups)
         rows = self._read(jobs, logits)
         return [JobResult(rows[i], r.hidden if r is not None else None, r.stats if r is not None else None)
                 for i, r in enumerate(results)]
 
     # ------------------------------------------------------------------ host -> device
-    def _to_device(self, jobs: list[Job]) -> list[Forward]:
+    def _static_groups(self, jobs: list[Job]) -> list:
+        """The jobs that run with static shapes, grouped into buckets (host data only)."""
+        if self.static is None:
+            return []
+        v = self.verifier
+        folds = v is not None and not v.packs_with_model  # its verify forwards with drafts stay its own
+        ok = [i for i, j in enumerate(jobs)
+              if self.static.eligible(j) and not (folds and j.kind == "verify" and len(j.tokens) > 1)]
+        return self.static.plan(jobs, ok) if ok else []
+
+    def _to_device(self, jobs: list[Job], skip: set[int], groups: list) -> tuple[list[Forward | None], torch.Tensor]:
+        """Every eager job's integers, then every static group's, in ONE host-to-device copy."""
         flat: list[int] = []
-        for j in jobs:
+        for i, j in enumerate(jobs):
+            if j.kind == "reuse" or i in skip:
+                continue
             for t in j.tokens:
                 flat += t
             flat += (j.rows_at if j.rows_at is not None else j.logits_at) or []
+        for g in groups:
+            g.offset = len(flat)
+            flat += g.ints
         buf = torch.tensor(flat, dtype=torch.long)
         if self.device.type == "cuda":
             buf = buf.pin_memory().to(self.device, non_blocking=True)
         elif buf.device != self.device:
             buf = buf.to(self.device)
-        out, o = [], 0
-        for j in jobs:
+        out: list[Forward | None] = []
+        o = 0
+        for i, j in enumerate(jobs):
+            if j.kind == "reuse" or i in skip:
+                out.append(None)
+                continue
             B, T = len(j.tokens), j.width
             toks = buf[o: o + B * T].view(B, T)
             o += B * T
@@ -71,7 +103,7 @@ class ModelRunner:
             per_branch = j.rows_at is not None
             out.append(Forward(toks, pos, j.cache, mask, j.write_cache, None if per_branch else at, j.head,
                                list(j.parents), j.return_hidden, j.kind, at if per_branch else None))
-        return out
+        return out, buf
 
     # ------------------------------------------------------------------ the model
     def _forward(self, forwards: list[Forward]) -> list[ForwardResult]:
@@ -87,10 +119,10 @@ class ModelRunner:
                 out[i] = r
         return out
 
-    def _reuse(self, job: Job, f: Forward) -> torch.Tensor | None:
+    def _reuse(self, job: Job) -> torch.Tensor | None:
         """An eager commit: K/V from the kept hidden states; the head on the last row when read."""
         *layers, final = job.hidden
-        self.model.write_kv(job.cache, layers, f.positions)
+        self.model.write_kv(job.cache, layers, torch.arange(job.start, job.start + job.width, device=self.device))
         return self.model.head(final[-1:], job.head)[None] if job.read is not None else None
 
     # ------------------------------------------------------------------ device -> host

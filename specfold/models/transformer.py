@@ -115,7 +115,7 @@ def attention_many(qkv: list, prefixes: list, masks: list, scale: float) -> list
     q0 = qkv[0][0]
     _, H, T, D = q0.shape
     hkv = qkv[0][1].shape[1]
-    g, G = H // hkv, len(qkv)
+    G = len(qkv)
     Bm = max(q.shape[0] for q, _, _ in qkv)
     Pm = max(0 if pk is None else pk.shape[1] for pk, _ in prefixes)
     Q = q0.new_zeros(G, Bm, H, T, D)
@@ -125,30 +125,44 @@ def attention_many(qkv: list, prefixes: list, masks: list, scale: float) -> list
         Q[i, : q.shape[0]], K[i, : q.shape[0]], V[i, : q.shape[0]] = q, k, v
         if m is not None:
             M[i] = m
-    qg = Q.view(G, Bm, hkv, g, T, D)
-    s_win = torch.matmul(qg, K.unsqueeze(3).transpose(-1, -2)) * scale  # [G,Bm,Hkv,g,T,T]
-    s_win = s_win.masked_fill(~M[:, None, None, None], float("-inf"))
-    sm_dtype = torch.float32 if q0.dtype in _LOW else q0.dtype
-    if Pm == 0:
-        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(q0.dtype)
-        out = torch.matmul(p, V.unsqueeze(3))
-    else:
+    PK = PV = valid = None
+    if Pm:
         PK, PV = q0.new_zeros(G, hkv, Pm, D), q0.new_zeros(G, hkv, Pm, D)
         valid = torch.zeros(G, Pm, dtype=torch.bool, device=q0.device)
         for i, (pk, pv) in enumerate(prefixes):
             if pk is not None and pk.shape[1]:
                 PK[i, :, : pk.shape[1]], PV[i, :, : pk.shape[1]] = pk, pv
                 valid[i, : pk.shape[1]] = True
+    out = attend_padded(Q, K, V, M, PK, PV, valid, scale)
+    return [out[i, : q.shape[0]] for i, (q, _, _) in enumerate(qkv)]
+
+
+def attend_padded(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, M: torch.Tensor, PK: torch.Tensor | None,
+                  PV: torch.Tensor | None, valid: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The padded attention of G forwards (fixed shapes, no host data): Q [G,Bm,H,T,D], K, V
+    [G,Bm,Hkv,T,D], window masks M [G,T,T], prefixes PK, PV [G,Hkv,P,D] with `valid` [G,P] (keys at
+    False contribute exactly 0; their values must be finite) or None. Returns [G, Bm, T, H*D]."""
+    G, Bm, H, T, D = Q.shape
+    hkv = K.shape[2]
+    g = H // hkv
+    qg = Q.view(G, Bm, hkv, g, T, D)
+    s_win = torch.matmul(qg, K.unsqueeze(3).transpose(-1, -2)) * scale  # [G,Bm,Hkv,g,T,T]
+    s_win = s_win.masked_fill(~M[:, None, None, None], float("-inf"))
+    sm_dtype = torch.float32 if Q.dtype in _LOW else Q.dtype
+    if PK is None:
+        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(Q.dtype)
+        out = torch.matmul(p, V.unsqueeze(3))
+    else:
+        Pm = PK.shape[2]
         qp = qg.permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, D)
         s_pre = torch.matmul(qp, PK.transpose(-1, -2)) * scale  # [G, Hkv, Bm*g*T, Pm]
         s_pre = s_pre.masked_fill(~valid[:, None, None, :], float("-inf"))
         s_pre = s_pre.view(G, hkv, Bm, g, T, Pm).permute(0, 2, 1, 3, 4, 5)
-        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(q0.dtype)
+        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(Q.dtype)
         p_pre = p[..., :Pm].permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, Pm)
         out = torch.matmul(p_pre, PV).view(G, hkv, Bm, g, T, D).permute(0, 2, 1, 3, 4, 5)
         out = out + torch.matmul(p[..., Pm:], V.unsqueeze(3))
-    out = out.reshape(G, Bm, H, T, D).transpose(2, 3).reshape(G, Bm, T, H * D)
-    return [out[i, : q.shape[0]] for i, (q, _, _) in enumerate(qkv)]
+    return out.reshape(G, Bm, H, T, D).transpose(2, 3).reshape(G, Bm, T, H * D)
 
 
 def make_rope(spec: ModelSpec) -> Rope:

@@ -1,0 +1,279 @@
+"""Static-shape buckets and CUDA graphs (EngineConfig(static_shapes=True) / cuda_graphs=True).
+
+The runner hands this part the step's jobs that can run with fixed shapes (`eligible`): a dense
+forward against a pool slot (models/pool.py), no hidden states returned, a window of at most
+`MAX_WINDOW` rows. They are grouped by window bucket; each group is padded to a bucket
+`(R, G, B, T, P)` (packed rows, forwards, branches, window rows, prefix keys), each size the
+smallest of `LADDER` that holds it (P: at least 16, at most the pool's capacity), chosen from host
+data only (job lists and cache lengths: no device read). The group's integers (models/static.py's
+`StaticBatch` layout) and its head rows are appended to the runner's one host-to-device copy;
+`run` copies them device-to-device into the bucket's fixed input buffer and runs
+`static_forward` over it, then the LM head on the real head rows only (outside the graph: exact
+rows, one matmul per head kind).
+
+With `cuda_graphs` on a CUDA model, the first use of a bucket warms `static_forward` up on a side
+stream and captures it into a `torch.cuda.CUDAGraph` (all graphs share one memory pool, as
+nano-vllm and SGLang do per batch size); later uses replay it. The head of a group runs right after
+its replay, so a later replay in the same step (same pool) can never overwrite hidden states still
+to be read. Graphs are dropped and captured again if the model's weight tensors were replaced
+(the fold verifier fuses q/k/v weights into new tensors when it is built). Elsewhere the same
+function runs eagerly over the same buffers, so the CPU tests exercise the fill, pad and slice path.
+The capture itself is unverified until a GPU run (docs/DESIGN.md).
+
+The host keeps the caches' lengths: a forward that writes advances its cache once every forward of
+the step has run (`commit`), as `forward_many` commits after its last layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specfold.decoding.jobs import Job
+from specfold.errors import ConfigError, ParamsError
+from specfold.models.pool import KVPool, SlotCache
+from specfold.models.static import FULL, META, StaticBatch, static_forward
+from specfold.models.transformer import Transformer
+
+
+def _ladder(top: int = 1 << 16) -> list[int]:
+    out, p = [1, 2, 3], 4
+    while p <= top:
+        out += [p, p + p // 2]
+        p *= 2
+    return out
+
+
+LADDER = _ladder()  # bucket sizes: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (padding wastes at most 50 %)
+MAX_WINDOW = 512  # longer windows (long prefills) run eagerly
+MIN_PREFIX = 16
+
+
+def bucket(n: int, lo: int = 1) -> int:
+    """The smallest ladder size >= max(n, lo)."""
+    n = max(n, lo)
+    for b in LADDER:
+        if b >= n:
+            return b
+    raise ValueError(f"no bucket holds {n}")
+
+
+def mask_code(desc: tuple | None) -> tuple[int, int, int]:
+    """A mask description (decoding/layout.py) -> (n, origin, pending) of `StaticBatch.meta`."""
+    if desc is None:
+        return FULL, 0, 0
+    if desc[0] == "block":
+        return desc[1], desc[2], 0
+    if desc[0] == "causal":
+        return 1, 0, 0
+    if desc[0] == "pending":
+        return FULL, 0, desc[1]
+    raise ValueError(f"unknown mask description {desc!r}")
+
+
+@dataclass(slots=True)
+class Group:
+    """The static forwards of one step that share a window bucket, in host data."""
+    key: tuple[int, int, int, int, int]  # (R, G, B, T, P)
+    jobs: list[int]  # indices into the step's jobs
+    ints: list[int]  # the StaticBatch layout, then every head row (packed row indices)
+    heads: list[tuple | None] = field(default_factory=list)  # per job: (head kind, first row, rows, shape)
+    kinds: list[tuple[str, int, int]] = field(default_factory=list)  # (head kind, offset in ints, rows)
+    offset: int = 0  # where `ints` starts in the step's device buffer
+
+
+@dataclass(slots=True)
+class Bucket:
+    ints: torch.Tensor  # the one input buffer; `batch` holds views of it
+    batch: StaticBatch
+    graph: object = None  # torch.cuda.CUDAGraph once captured
+    out: torch.Tensor | None = None  # the graph's output (hidden states)
+
+
+class StaticRunner:
+    def __init__(self, model: Transformer, pool: KVPool, cuda_graphs: bool = False):
+        self.model, self.pool, self.cuda_graphs = model, pool, cuda_graphs
+        self.buckets: dict[tuple, Bucket] = {}
+        self._mempool = None
+        self._weights: list[int] | None = None
+        self.captures = 0  # graphs captured (statistics)
+        self.forwards = 0  # forwards run with static shapes (statistics)
+
+    @staticmethod
+    def supports(model: Transformer) -> str | None:
+        """Why this model cannot run static shapes (None: it can)."""
+        if not model.spec.uses_cache:
+            return f"{model.spec.family} decodes without a KV cache"
+        if any(layer.moe is not None for layer in model.layers):
+            return "its mixture-of-experts layers route rows with data-dependent shapes"
+        return None
+
+    def eligible(self, job: Job) -> bool:
+        c = job.cache
+        if job.kind == "reuse" or job.return_hidden or not isinstance(c, SlotCache) or c.pool is not self.pool:
+            return False
+        if job.width > MAX_WINDOW or len(job.tokens) > LADDER[-1]:
+            return False
+        return c.length + (job.width if job.write_cache else 0) <= self.pool.capacity
+
+    # ------------------------------------------------------------------ host: buckets and integers
+    def plan(self, jobs: list[Job], idx: list[int]) -> list[Group]:
+        by_t: dict[int, list[int]] = {}
+        for i in idx:
+            by_t.setdefault(bucket(jobs[i].width), []).append(i)
+        return [self._group([jobs[i] for i in g], g, T) for T, g in by_t.items()]
+
+    def _group(self, jobs: list[Job], idx: list[int], T: int) -> Group:
+        G, B = bucket(len(jobs)), bucket(max(len(j.tokens) for j in jobs))
+        R = bucket(sum(len(j.tokens) * j.width for j in jobs))
+        top = max(j.cache.length for j in jobs)
+        P = 0 if top == 0 else min(bucket(top, MIN_PREFIX), self.pool.capacity)
+        scratch = self.pool.scratch
+        tok, pos, wslot, wpos, scatter, gather, meta, shapes = [], [], [], [], [], [], [], []
+        heads: dict[str, list[int]] = {}  # head kind -> its packed rows
+        for g, j in enumerate(jobs):
+            nb, t, r0, c = len(j.tokens), j.width, len(tok), j.cache
+            for row in j.tokens:
+                tok += row
+            pos += list(range(j.start, j.start + t)) * nb
+            if j.write_cache:
+                wslot += [c.slot] * t
+                wpos += range(c.length, c.length + t)
+            else:
+                wslot += [scratch] * (nb * t)
+                wpos += [0] * (nb * t)
+            base = g * B * T
+            for b in range(nb):
+                scatter += range(base + b * T, base + b * T + t)
+                gather += range(r0 + b * t, r0 + b * t + t)
+                gather += [r0] * (T - t)
+            gather += [r0] * ((B - nb) * T)
+            meta += [j.start, c.slot, c.length, t, *mask_code(j.mask)]
+            rows, shape = self._head_rows(j, r0)
+            kind = heads.setdefault(j.head, [])
+            shapes.append((j.head, len(kind), len(rows), shape) if rows else None)
+            kind += rows
+        pad = R - len(tok)
+        tok += [0] * pad
+        pos += [0] * pad
+        wslot += [scratch] * pad
+        wpos += [0] * pad
+        scatter += [0] * pad
+        gather += [0] * ((G - len(jobs)) * B * T)
+        meta += [0, scratch, 0, T, FULL, 0, 0] * (G - len(jobs))
+        ints = tok + pos + wslot + wpos + scatter + gather + meta
+        kinds, o = [], len(ints)
+        for kind, rows in heads.items():
+            if rows:
+                kinds.append((kind, o, len(rows)))
+                ints += rows
+                o += len(rows)
+        return Group((R, G, B, T, P), idx, ints, shapes, kinds)
+
+    @staticmethod
+    def _head_rows(j: Job, r0: int) -> tuple[list[int], tuple]:
+        """The packed rows the head runs on for job `j` (b-major, as the runner reads them)."""
+        nb, t = len(j.tokens), j.width
+        if j.read is None:
+            return [], ()
+        if j.rows_at is not None:
+            return [r0 + r for r in j.rows_at], (1, len(j.rows_at))
+        at = j.logits_at if j.logits_at is not None else range(t)
+        return [r0 + b * t + k for b in range(nb) for k in at], (nb, len(at))
+
+    # ------------------------------------------------------------------ device
+    def run(self, g: Group, buf: torch.Tensor) -> list[torch.Tensor | None]:
+        """Logits per job of the group ([B, K, V] as the runner reads them; None where nothing is read)."""
+        b = self._bucket(g.key)
+        self.forwards += len(g.jobs)
+        b.ints.copy_(buf[g.offset: g.offset + b.ints.numel()], non_blocking=True)
+        x = self._forward(b)
+        logits = {}
+        for kind, o, n in g.kinds:
+            logits[kind] = self.model.head(x.index_select(0, buf[g.offset + o: g.offset + o + n]), kind)
+        return [None if h is None else logits[h[0]][h[1]: h[1] + h[2]].view(*h[3], -1) for h in g.heads]
+
+    @staticmethod
+    def commit(jobs: list[Job], groups: list[Group]) -> None:
+        """Advance the caches the step's static forwards wrote (host bookkeeping only)."""
+        for g in groups:
+            for i in g.jobs:
+                if jobs[i].write_cache:
+                    jobs[i].cache.grew(jobs[i].width)
+
+    def _bucket(self, key: tuple) -> Bucket:
+        b = self.buckets.get(key)
+        if b is None:
+            R, G, B, T, P = key
+            ints = torch.zeros(5 * R + G * B * T + G * META, dtype=torch.long, device=self.model.device)
+            parts, o = [], 0
+            for n in (R, R, R, R, R, G * B * T, G * META):
+                parts.append(ints[o: o + n])
+                o += n
+            parts[-1] = parts[-1].view(G, META)
+            b = self.buckets[key] = Bucket(ints, StaticBatch(*parts, G, B, T, P))
+        return b
+
+    def _forward(self, b: Bucket) -> torch.Tensor:
+        if not self.cuda_graphs:
+            return static_forward(self.model, self.pool, b.batch)
+        self._check_weights()
+        if b.graph is None:
+            self._capture(b)
+        b.graph.replay()
+        return b.out
+
+    def _check_weights(self) -> None:
+        ptrs = [p.data_ptr() for p in self.model.parameters()]
+        if ptrs != self._weights:
+            for b in self.buckets.values():
+                b.graph, b.out = None, None
+            self._weights = ptrs
+
+    def _capture(self, b: Bucket) -> None:
+        """Warm up on a side stream (the real inputs: the writes are idempotent), then capture into
+        the shared memory pool."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            static_forward(self.model, self.pool, b.batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            b.out = static_forward(self.model, self.pool, b.batch)
+        if self._mempool is None:
+            self._mempool = graph.pool()
+        b.graph = graph
+        self.captures += 1
+
+
+DEFAULT_SEQ_LEN = 2048  # pool positions per request when EngineConfig.max_seq_len is unset (+ 2 blocks)
+
+
+def static_parts(model: Transformer, config) -> tuple[KVPool | None, StaticRunner | None]:
+    """The engine's KV pool and static runner for `config` (None, None when static shapes are off).
+    ConfigError (one line) for CUDA graphs off CUDA or a model static shapes cannot run."""
+    if not (config.static_shapes or config.cuda_graphs):
+        return None, None
+    what = "cuda_graphs" if config.cuda_graphs else "static_shapes"
+    if config.cuda_graphs and model.device.type != "cuda":
+        raise ConfigError(f"cuda_graphs=True needs the model on a CUDA device, not {str(model.device)!r}; "
+                          f"use static_shapes=True for the same padded steps without graphs")
+    why = StaticRunner.supports(model)
+    if why is not None:
+        raise ConfigError(f"{what}=True is not supported for this model: {why}; leave it off")
+    s = model.spec
+    seq = config.max_seq_len or min(s.max_position_embeddings, DEFAULT_SEQ_LEN)
+    with torch.inference_mode():
+        pool = KVPool.for_model(model, config.max_num_seqs, seq + 2 * (config.block_size or s.block_size))
+    return pool, StaticRunner(model, pool, config.cuda_graphs)
+
+
+def check_pool_fits(pool: KVPool, n_prompt: int, max_new_tokens: int, cfg) -> None:
+    """ParamsError when a request could outgrow its pool slot (prompt + max_new_tokens + 2 blocks of
+    headroom: the most any program asks for), decided when the request is added."""
+    need = n_prompt + max_new_tokens + 2 * cfg.block_size
+    if need > pool.capacity:
+        raise ParamsError(f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + 2 blocks = {need} "
+                          f"positions exceed the static KV pool's {pool.capacity} per request; lower "
+                          f"max_new_tokens or raise EngineConfig.max_seq_len")

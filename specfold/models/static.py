@@ -1,0 +1,103 @@
+"""The static-shape forward: G forwards padded to fixed sizes, K/V read and written by pool slot.
+
+    x = static_forward(model, pool, sb)     # final hidden states [R, d] of every packed row
+
+`forward_many` with every shape fixed by the bucket and every index a device tensor, so one call is
+one fixed sequence of kernels (what a CUDA graph captures; engine/graphs.py). A `StaticBatch` holds:
+
+    tokens, positions [R]   the packed rows of all forwards (branch-major per forward), padded to R
+    wslot, wpos [R]         where each row's K/V are written: (its slot, cache length + t) for the rows
+                            of a forward that writes, else (the pool's scratch slot, 0)
+    gather [G*B*T]          the padded attention layout [G, B, T] -> packed row (padding: any row)
+    scatter [R]             packed row -> its place in the padded layout (padding: any place)
+    meta [G, 7]             per forward: window start, slot, prefix length, real window length t_real,
+                            and its mask as (n, origin, pending): key j is seen by query i iff
+                            (pos_i - origin) // n >= (pos_j - origin) // n, except that the first
+                            `pending` rows see only the pending rows at or before them
+                            (decoding/layout.py's kinds: full = (2**40, 0, 0), block (n, origin, 0),
+                            causal (1, 0, 0), ("pending", a) = (2**40, 0, a))
+
+and the prefix bucket P (a Python int: keys [0, P) of each slot are read, those at or past the
+forward's length masked). Padding never changes a real row: a real query sees only its own
+branch's window rows below t_real and its own slot's keys below its length; padded rows see
+themselves (finite, never NaN); padded forwards read the scratch slot with length 0 and write it.
+Every op is position-wise or gathers by index, so the arithmetic of a real row is `forward_many`'s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specfold.models.pool import KVPool
+from specfold.models.transformer import Transformer, attend_padded
+
+FULL = 1 << 40  # a mask block no window reaches past: every window row sees every other
+META = 7  # columns of StaticBatch.meta
+
+
+@dataclass(slots=True)
+class StaticBatch:
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    wslot: torch.Tensor
+    wpos: torch.Tensor
+    scatter: torch.Tensor
+    gather: torch.Tensor
+    meta: torch.Tensor
+    G: int
+    B: int
+    T: int
+    P: int
+
+    @classmethod
+    def empty(cls, R: int, G: int, B: int, T: int, P: int, device) -> "StaticBatch":
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.long, device=device)  # noqa: E731
+        return cls(z(R), z(R), z(R), z(R), z(R), z(G * B * T), z(G, META), G, B, T, P)
+
+    @property
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The input buffers in the order of the host layout (engine/graphs.py fills them)."""
+        return self.tokens, self.positions, self.wslot, self.wpos, self.scatter, self.gather, self.meta
+
+
+def window_masks(meta: torch.Tensor, T: int) -> torch.Tensor:
+    """[G, T, T] bool (True = may attend) from `meta` (see the module docstring)."""
+    start, treal, n, origin, pend = meta[:, 0], meta[:, 3], meta[:, 4], meta[:, 5], meta[:, 6]
+    i = torch.arange(T, device=meta.device)
+    pos = start[:, None] + i  # [G, T]
+    blk = torch.div(pos - origin[:, None], n[:, None], rounding_mode="floor")
+    m = blk[:, :, None] >= blk[:, None, :]
+    row, col = i[None, :, None], i[None, None, :]
+    pe = pend[:, None, None]
+    m = torch.where(row < pe, (col < pe) & (col <= row), m)
+    real = treal[:, None, None]
+    return torch.where(row < real, m & (col < real), row == col)
+
+
+def static_forward(model: Transformer, pool: KVPool, sb: StaticBatch) -> torch.Tensor:
+    """The final (pre-norm) hidden states [R, d] of the packed rows; writes K/V into the pool."""
+    s, G, B, T, P = model.spec, sb.G, sb.B, sb.T, sb.P
+    H, hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
+    mask = window_masks(sb.meta, T)
+    slot, length = sb.meta[:, 1], sb.meta[:, 2]
+    valid = torch.arange(P, device=mask.device)[None, :] < length[:, None] if P else None
+    x = model.embed(sb.tokens)
+    cos, sin = model.rope.cos_sin(sb.positions, x.dtype)
+    qscale = model.rope.query_scale(sb.positions, x.dtype)
+    cos, sin, qscale = cos[:, None], sin[:, None], (None if qscale is None else qscale[:, None, None])
+    for li, layer in enumerate(model.layers):
+        q, k, v = model._packed_heads(layer, x, cos, sin, qscale)  # [R, H or Hkv, D]
+        Q = q.index_select(0, sb.gather).view(G, B, T, H, D).transpose(2, 3)
+        K = k.index_select(0, sb.gather).view(G, B, T, hkv, D).transpose(2, 3)
+        V = v.index_select(0, sb.gather).view(G, B, T, hkv, D).transpose(2, 3)
+        PK = PV = None
+        if P:
+            PK = pool.k[li, :, :, :P].index_select(0, slot)  # [G, Hkv, P, D]
+            PV = pool.v[li, :, :, :P].index_select(0, slot)
+        out = attend_padded(Q, K, V, mask, PK, PV, valid, model.attn_scale)  # [G, B, T, H*D]
+        pool.k[li].permute(0, 2, 1, 3).index_put_((sb.wslot, sb.wpos), k)
+        pool.v[li].permute(0, 2, 1, 3).index_put_((sb.wslot, sb.wpos), v)
+        x = x + layer.o_proj(out.reshape(G * B * T, H * D).index_select(0, sb.scatter))
+        x = x + layer.mlp(x)
+    return x

@@ -1,0 +1,233 @@
+"""Static shapes (EngineConfig(static_shapes=True)): the pooled KV cache, bucket padding, the padded
+forward. Everything in float64 on the CPU, where the same padded function runs without a graph:
+
+- the window masks of models/static.py equal decoding/layout.py's for every kind, padded or not;
+- the padded forward (several forwards of different prefix lengths, branch counts, window lengths,
+  heads, with cache writes) equals `forward_many`: logits and the written K/V;
+- the engine with static shapes gives the same tokens and the same forward counts as without, for
+  every method (SpecFold's folded verifications stay eager, its other forwards are static), under
+  the native and the static rule, alone and 8 at once, and for the causal programs;
+- pool slots come back on finish and abort; bad settings are one clear error.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfold import LLM, EngineConfig, SamplingParams
+from specfold.decoding.drafts.graph import DraftGraph, Node
+from specfold.decoding.jobs import Job
+from specfold.decoding.layout import build_mask
+from specfold.decoding.readout import Read
+from specfold.engine.graphs import StaticRunner, bucket, mask_code
+from specfold.errors import ConfigError, ParamsError
+from specfold.models.forward import Forward
+from specfold.models.pool import KVPool, SlotCache
+from specfold.models.static import META, window_masks
+from tests.causal_helpers import nld_checkpoint
+
+MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
+                    Node(2, ((0, 0), (1, 0))), Node(0, ((0, 0), (1, 0))), Node(3, ((0, 0),))])
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30], [40],
+           [50, 51, 52, 53, 54, 55], [60, 61], [70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83], [33, 34, 35, 36]]
+MAX_NEW = [16, 9, 21, 12, 5, 24, 8, 16]
+METHODS = {
+    "vanilla": dict(method="vanilla"),
+    "freedave": dict(method="freedave", draft_depth=6),
+    "freedave_eager": dict(method="freedave", draft_depth=6, eager=True),
+    "spiffy": dict(method="spiffy", branches=7, graph=MIXED),
+    "specfold": dict(method="specfold", drafts="spiffy", branches=7, graph=MIXED, delta=0.0),
+}
+
+
+# ---------------------------------------------------------------------------- masks
+@pytest.mark.parametrize("desc", [None, ("block", 4, 0), ("block", 8, 3), ("causal",), ("pending", 3), ("pending", 0)])
+def test_window_masks_equal_layout(desc):
+    for start, t, T in ((0, 5, 5), (6, 7, 12), (13, 3, 4)):
+        meta = torch.tensor([[start, 0, 0, t, *mask_code(desc)]])
+        got = window_masks(meta, T)[0]
+        pos = torch.arange(start, start + t)
+        want = build_mask(desc, pos)
+        want = torch.ones(t, t, dtype=torch.bool) if want is None else want
+        assert torch.equal(got[:t, :t], want), (desc, start, t)
+        assert not got[:t, t:].any()  # a real row never sees a padded one
+        assert torch.equal(got[t:, :], torch.eye(T, dtype=torch.bool)[t:])  # padded rows see themselves
+
+
+def test_bucket_ladder():
+    assert [bucket(n) for n in (1, 3, 5, 7, 9, 13, 17, 33, 100)] == [1, 3, 6, 8, 12, 16, 24, 48, 128]
+    assert bucket(3, lo=16) == 16
+
+
+# ---------------------------------------------------------------------------- the padded forward
+def _forward_cases(llm, g):
+    """Jobs over pooled caches (prefix lengths 0..13) and the same forwards over plain caches."""
+    m, N = llm.model, 4
+    pool = KVPool.for_model(m, slots=8, capacity=64)
+    cases = ((8, 3, 8, "verify", ("block", N, 0), "rows"), (0, 1, 5, "prefill", ("causal",), "at"),
+             (13, 1, 8, "commit", ("block", N, 0), "at"), (4, 5, 8, "verify", None, "all"),
+             (2, 3, 8, "verify", ("pending", 3), "rows"), (6, 1, 8, "commit", None, None),
+             (9, 4, 5, "verify", ("block", N, 1), "at"))
+    jobs, refs = [], []
+    for P, B, T, kind, desc, head in cases:
+        slot, plain = pool.new_cache(64), m.new_cache(64)
+        if P:
+            pre = torch.randint(0, 90, (1, P), generator=g)
+            for c in (slot, plain):
+                m(pre, torch.arange(P), cache=c, write_cache=True)
+        toks = torch.randint(0, 95, (B, T), generator=g).tolist()
+        at = rows = None
+        if head == "at":
+            at = [0, T - 1, T // 2]
+        elif head == "rows":
+            rows = sorted({b * T + t for b in range(B) for t in (0, b % T, T - 1)})
+        write = kind != "verify"
+        read = None if head is None else Read()
+        jobs.append(Job(toks, P, slot, desc, write, at, rows, kind=kind, read=read))
+        pos = torch.arange(P, P + T)
+        refs.append(Forward(torch.tensor(toks), pos, plain, build_mask(desc, pos), write,
+                            None if at is None else torch.tensor(at), kind=kind,
+                            head_rows=None if rows is None else torch.tensor(rows)))
+    return pool, jobs, refs
+
+
+def test_padded_forward_equals_forward_many(checkpoint):
+    llm = LLM(checkpoint("qwen3"), dtype="float64")
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        pool, jobs, refs = _forward_cases(llm, g)
+        runner = StaticRunner(llm.model, pool)
+        groups = runner.plan(jobs, list(range(len(jobs))))
+        assert sorted(g.key[3] for g in groups) == [6, 8]  # two window buckets; T=5 padded to 6
+        big = next(g for g in groups if g.key[3] == 8)
+        R, G, B, T, P = big.key
+        assert (G, B, P) == (6, 6, 16) and R > sum(len(jobs[i].tokens) * 8 for i in big.jobs)  # all padded
+        flat = []
+        for grp in groups:
+            grp.offset = len(flat)
+            flat += grp.ints
+        buf = torch.tensor(flat)
+        got = {}
+        for grp in groups:
+            got.update(zip(grp.jobs, runner.run(grp, buf)))
+        runner.commit(jobs, groups)
+        want = llm.model.forward_many(refs)
+    for i, (j, w, f) in enumerate(zip(jobs, want, refs)):
+        if j.read is None:
+            assert got[i] is None
+            continue
+        assert got[i].shape == w.logits.shape, i
+        torch.testing.assert_close(got[i], w.logits, rtol=1e-10, atol=1e-10)
+        assert j.cache.length == f.cache.length, i
+        n = f.cache.length
+        torch.testing.assert_close(j.cache.k[:, :, :n], f.cache.k[:, :, :n], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(j.cache.v[:, :, :n], f.cache.v[:, :, :n], rtol=1e-12, atol=1e-12)
+    assert pool.k[:, pool.free_slots:pool.scratch].abs().sum() > 0  # the writes went into the pool
+
+
+# ---------------------------------------------------------------------------- the engine
+def _run(llm, config: EngineConfig, prompts, max_new):
+    eng = llm.engine(config)
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(prompts, max_new))]
+    outs = {}
+    while eng.has_unfinished():
+        for d in eng.step():
+            if d.finished:
+                outs[d.request_id] = d.output
+    return [outs[i] for i in ids], eng
+
+
+@pytest.fixture(scope="module")
+def bc(checkpoint):
+    return LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, attention="block_causal"),
+               dtype="float64")
+
+
+@pytest.mark.parametrize("rule", [None, "static"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_engine_same_tokens_and_forwards(bc, method, rule):
+    base = EngineConfig(rule=rule, draft_budget=64, max_num_seqs=8, **METHODS[method])
+    for prompts, max_new in ((PROMPTS[:1], MAX_NEW[:1]), (PROMPTS, MAX_NEW)):
+        want, _ = _run(bc, base, prompts, max_new)
+        got, eng = _run(bc, base.replace(static_shapes=True, max_seq_len=64), prompts, max_new)
+        assert [g.token_ids for g in got] == [w.token_ids for w in want], (method, rule, len(prompts))
+        assert [g.stats.nfe for g in got] == [w.stats.nfe for w in want]
+        assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
+        assert eng.pool.free_slots == 8
+    assert eng.runner.static.forwards > 0  # (eager windows: prefills only; their verifications return hidden states)
+
+
+@pytest.fixture(scope="module")
+def nld(tmp_path_factory):
+    folder = nld_checkpoint(tmp_path_factory.mktemp("nld"), focus=2.0, mask_like=15, mask_mix=0.7, layer_scale=0.6)
+    return LLM(folder, dtype="float64", overrides={"stop_token_ids": [94]})
+
+
+@pytest.mark.parametrize("method", ["ar", "linear_spec", "linear_spec_multi", "linear_specfold"])
+def test_causal_programs_same_tokens(nld, method):
+    base = EngineConfig(method=method, threshold=0.5, branches=4, delta=0.0, draft_budget=64)
+    prompts, max_new = PROMPTS[:5], [19, 7, 19, 12, 19]
+    want, _ = _run(nld, base, prompts, max_new)
+    got, eng = _run(nld, base.replace(static_shapes=True, max_seq_len=64), prompts, max_new)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert [g.stats.nfe for g in got] == [w.stats.nfe for w in want]
+    assert eng.runner.static.forwards > 0
+
+
+def test_slots_freed_on_finish_and_abort(bc):
+    """30 requests through 3 slots, some aborted while running or waiting: no slot leaks, and reused
+    slots (stale K/V past each new length) give the same tokens as plain caches."""
+    cfg = EngineConfig(method="spiffy", graph=MIXED, max_num_seqs=3, draft_budget=64)
+    eng = bc.engine(cfg.replace(static_shapes=True, max_seq_len=48))
+    plain = bc.engine(cfg)
+    prompts = [PROMPTS[i % 8] for i in range(30)]
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=8 + i % 9)) for i, p in enumerate(prompts)]
+    done = {}
+    step = 0
+    while eng.has_unfinished():
+        if step in (2, 5, 9):
+            running = [r.id for r in eng.running]
+            eng.abort(running[0])  # a running request
+            eng.abort(eng.waiting[-1].id)  # a waiting one (it has no slot yet)
+        for d in eng.step():
+            if d.finished and d.finish_reason != "abort":
+                done[d.request_id] = d.output.token_ids
+        assert eng.pool.free_slots + len(eng.running) == 3
+        step += 1
+    assert eng.pool.free_slots == 3 and len(done) == 24
+    for rid, p, i in zip(ids, prompts, range(30)):
+        if rid in done:
+            assert done[rid] == plain.run_one(p, SamplingParams(max_new_tokens=8 + i % 9)).token_ids
+
+
+def test_settings_errors(bc, checkpoint):
+    assert EngineConfig(cuda_graphs=True).static_shapes is True
+    with pytest.raises(ConfigError, match="cuda_graphs=True needs the model on a CUDA device"):
+        bc.engine(EngineConfig(cuda_graphs=True))
+    with pytest.raises(ParamsError, match="static_shapes must be true or false"):
+        EngineConfig(static_shapes="yes")
+    with pytest.raises(ParamsError, match="max_seq_len must be >= 1"):
+        EngineConfig(static_shapes=True, max_seq_len=0)
+    eng = bc.engine(EngineConfig(static_shapes=True, max_seq_len=16))
+    assert eng.pool.capacity == 16 + 2 * 8
+    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=8))  # 4 + 8 + 16 = 28 <= 32
+    with pytest.raises(ParamsError, match="exceed the static KV pool's 32 per request; lower max_new_tokens"):
+        eng.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=16))
+    bidir = LLM(checkpoint("llama", attention="bidirectional"), dtype="float64")
+    with pytest.raises(ConfigError, match="static_shapes=True is not supported for this model: .* without a KV"):
+        bidir.engine(EngineConfig(static_shapes=True))
+
+
+def test_pool_slot_cache_is_a_prefix_cache():
+    pool = KVPool(2, 1, 4, torch.float64, "cpu", slots=2, capacity=8)
+    c = pool.new_cache(8)
+    assert isinstance(c, SlotCache) and c.capacity == 8 and pool.free_slots == 1
+    c.write(1, torch.ones(1, 3, 4), torch.full((1, 3, 4), 2.0))
+    c.commit_write()
+    assert c.length == 3 and pool.k[1, c.slot, :, :3].eq(1).all() and pool.v[1, c.slot, :, :3].eq(2).all()
+    with pytest.raises(RuntimeError, match="cannot hold"):
+        c.write(0, torch.ones(1, 6, 4), torch.ones(1, 6, 4))
+    c.release()
+    c.release()  # once only
+    assert pool.free_slots == 2
+    assert META == 7
