@@ -6,8 +6,12 @@
 Syncs are counted with `torch.cuda.set_sync_debug_mode("warn")`: every operation that makes the
 host wait for the GPU warns once, and the warnings of each `Engine.step()` are counted (on the CPU,
 where nothing syncs, the column reads "-"). Expected: 1 per step for vanilla, FreeDave and Spiffy
-(the runner's one read of every job's scores), L + 2 for SpecFold (its fold gate). There are no
-CUDA graphs in this engine yet (docs/DESIGN.md says why), so every row runs eagerly.
+(the runner's one read of every job's scores), L + 2 for SpecFold (its fold gate).
+`--cuda-graphs off,on` (default on CUDA; "off" elsewhere): each configuration with
+EngineConfig(cuda_graphs=...). Every engine first decodes the same prompts once (warm-up: cost
+model calibration, and with graphs on the capture of each bucket's graph, which syncs); the
+measured pass follows on the same engine, and its new captures are counted (a capture syncs).
+`--static` adds static_shapes=True rows without graphs (the padding alone).
 Prompts: random token ids of the widened tiny model (a random-weight proxy: speed only).
 """
 from __future__ import annotations
@@ -33,8 +37,22 @@ def prompts(llm: LLM, n: int, length: int = 24) -> list[list[int]]:
     return [[rng.choice(ok) for _ in range(length)] for _ in range(n)]
 
 
-def run(llm: LLM, method: str, batch: int, max_new: int, cuda: bool) -> dict:
-    eng = llm.engine(EngineConfig(method=method, max_num_seqs=batch))
+def run(llm: LLM, method: str, batch: int, max_new: int, cuda: bool, mode: str) -> dict:
+    cfg = EngineConfig(method=method, max_num_seqs=batch, cuda_graphs=mode == "graphs",
+                       static_shapes=mode != "eager", max_seq_len=256)
+    eng = llm.engine(cfg)
+    out = None
+    for _ in range(2):  # warm-up, then the measured pass on the same engine (its graphs captured)
+        st = eng.runner.static
+        before = st.captures if st is not None else 0
+        out = one_pass(eng, llm, batch, max_new, cuda)
+        out["captures"] = (st.captures - before) if st is not None else 0
+        out["buckets"] = len(st.buckets) if st is not None else 0
+        out["padded"] = (st.rows[1] / max(st.rows[0], 1)) if st is not None else 1.0
+    return out
+
+
+def one_pass(eng, llm: LLM, batch: int, max_new: int, cuda: bool) -> dict:
     sp = SamplingParams(max_new_tokens=max_new, stop_token_ids=[])
     for ids in prompts(llm, batch):
         eng.add_request(ids, sp)
@@ -68,21 +86,30 @@ def main() -> None:
     ap.add_argument("--methods", default="vanilla,freedave,spiffy,specfold")
     ap.add_argument("--batches", default="1,16,64")
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--cuda-graphs", default=None, help="off,on (default on CUDA; off elsewhere)")
+    ap.add_argument("--static", action="store_true", help="also static_shapes=True without graphs")
     ap.add_argument("--out", default="runs/gpu/gpu_engine.md")
     a = ap.parse_args()
     cuda = a.device.startswith("cuda")
     dtype = a.dtype or ("bfloat16" if cuda else "float32")
     name = torch.cuda.get_device_name() if cuda else "cpu"
-    lines = [f"# Engine on {name} ({dtype})", "", "| model | method | batch | tokens/s | steps | syncs/step max | mean |",
-             "|---|---|---|---|---|---|---|"]
+    graphs = (a.cuda_graphs or ("off,on" if cuda else "off")).split(",")
+    modes = [{"off": "eager", "on": "graphs"}[g] for g in graphs]
+    if a.static:
+        modes.insert(1, "static")
+    lines = [f"# Engine on {name} ({dtype})", "",
+             "| model | method | batch | mode | tokens/s | steps | syncs/step max | mean | captures (measured pass) "
+             "| buckets | computed / asked rows |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in a.model:
         llm = LLM(m, dtype=dtype, device=a.device)
         for method in a.methods.split(","):
             for b in (int(x) for x in a.batches.split(",")):
-                r = run(llm, method, b, a.max_new_tokens, cuda)
-                s = "-" if r["syncs_max"] is None else f"{r['syncs_max']} | {r['syncs_mean']:.2f}"
-                lines.append(f"| {Path(m).name} | {method} | {b} | {r['tokens_s']:.1f} | {r['steps']} | {s} |")
-                print(lines[-1], flush=True)
+                for mode in modes:
+                    r = run(llm, method, b, a.max_new_tokens, cuda, mode)
+                    s = "- | -" if r["syncs_max"] is None else f"{r['syncs_max']} | {r['syncs_mean']:.2f}"
+                    lines.append(f"| {Path(m).name} | {method} | {b} | {mode} | {r['tokens_s']:.1f} | {r['steps']} | "
+                                 f"{s} | {r['captures']} | {r['buckets']} | {r['padded']:.2f} |")
+                    print(lines[-1], flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text("\n".join(lines) + "\n")
 

@@ -3,7 +3,8 @@
 #   widen the embedded model to the 0.5B and 1.5B preset widths (cost proxies, SPEC §9), then run
 #   benchmarks/gpu_specfold.py on them: kernels against their twins, layer times, and end to end
 #   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule; then
-#   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64 with host syncs per step counted;
+#   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64, CUDA graphs off and on
+#   (EngineConfig(cuda_graphs=...), each engine warmed up by one pass first), with host syncs per step counted;
 #   then benchmarks/draft_budgets.py on the 0.5B copy: auto draft budgets against fixed ones (0, 2, 7)
 #   and vanilla at batch 1 and 16, with the budgets auto chose there.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
@@ -28,7 +29,7 @@ extra=()
 [ "${QUICK:-0}" = 1 ] && extra=(--device cpu --quick)
 $PY benchmarks/gpu_specfold.py "${models[@]}" "${extra[@]}" --out "$OUT/gpu_specfold.md" 2>&1 | tee "$OUT/gpu_specfold.log"
 eng=()
-[ "${QUICK:-0}" = 1 ] && eng=(--device cpu --batches 1,4 --max-new-tokens 16 --methods vanilla,specfold)
+[ "${QUICK:-0}" = 1 ] && eng=(--device cpu --batches 1,4 --max-new-tokens 16 --methods vanilla,specfold --static)
 $PY benchmarks/gpu_engine.py "${models[@]}" "${eng[@]}" --out "$OUT/gpu_engine.md" 2>&1 | tee "$OUT/gpu_engine.log"
 bud=(--checkpoints "$work/tiny-0.5b" --device cuda --rules native --batches 1,16 --n 4 --rounds 1
      --max-new-tokens 32 --budgets auto,0,2,7)

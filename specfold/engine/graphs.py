@@ -98,6 +98,7 @@ class StaticRunner:
         self._weights: list[int] | None = None
         self.captures = 0  # graphs captured (statistics)
         self.forwards = 0  # forwards run with static shapes (statistics)
+        self.rows = [0, 0]  # packed rows asked for, and computed after padding (statistics)
 
     @staticmethod
     def supports(model: Transformer) -> str | None:
@@ -121,7 +122,10 @@ class StaticRunner:
         by_t: dict[int, list[int]] = {}
         for i in idx:
             by_t.setdefault(bucket(jobs[i].width), []).append(i)
-        return [self._group([jobs[i] for i in g], g, T) for T, g in by_t.items()]
+        groups = [self._group([jobs[i] for i in g], g, T) for T, g in by_t.items()]
+        self.rows[0] += sum(len(jobs[i].tokens) * jobs[i].width for i in idx)
+        self.rows[1] += sum(g.key[0] for g in groups)
+        return groups
 
     def _group(self, jobs: list[Job], idx: list[int], T: int) -> Group:
         G, B = bucket(len(jobs)), bucket(max(len(j.tokens) for j in jobs))
