@@ -304,3 +304,26 @@ def _metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name) and (line[len(name)] in " {"))
+
+
+def test_logprobs_through_the_ingress(narrow):
+    """The replica's deltas carry the logprobs: merged for a non-streamed request, per chunk for a
+    streamed one (the reference: the library, float32 rounding apart)."""
+    from specfold import LLM, SamplingParams
+    llm = LLM("tiny", overrides={"stop_token_ids": []})
+    msgs = [{"role": "user", "content": QUESTIONS[3]}]
+    ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(msgs))
+    want = llm.generate([ids], SamplingParams(max_new_tokens=8, logprobs=2))[0]
+    chosen = pytest.approx([d[t] for d, t in zip(want.logprobs, want.token_ids)], abs=1e-4)
+    r = httpx.post(narrow + "/v1/chat/completions", json={"model": "tiny", "messages": msgs, "logprobs": True,
+                                                          "top_logprobs": 2}, headers=KEY, timeout=60)
+    assert r.status_code == 200, r.text
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [e["token"] for e in content] == [llm.tokenizer.decode([t], skip_special_tokens=False)
+                                             for t in want.token_ids]
+    assert [e["logprob"] for e in content] == chosen and all(len(e["top_logprobs"]) == 2 for e in content)
+    with httpx.stream("POST", narrow + "/v1/completions", json={"model": "tiny", "prompt": ids, "logprobs": 1,
+                                                                "stream": True}, headers=KEY, timeout=60) as s:
+        events = [json.loads(x[6:]) for x in s.iter_lines() if x.startswith("data: {")]
+    parts = [ch["logprobs"] for e in events for ch in e["choices"] if ch["logprobs"]]
+    assert parts and [x for p in parts for x in p["token_logprobs"]] == chosen

@@ -41,7 +41,7 @@ class FailingEngine:
             raise RuntimeError("boom")
         done, self.live = self.live, []
         return [SimpleNamespace(request_id=r, new_token_ids=[5], text_delta="", finished=True,
-                                finish_reason="length", output=None) for r in done]
+                                finish_reason="length", output=None, new_logprobs=None) for r in done]
 
 
 @pytest.fixture()

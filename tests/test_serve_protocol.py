@@ -21,6 +21,17 @@ def test_defaults_and_accepted_fields():
     assert parse_request(dict(CMPL, prompt=[5, 6]), chat=False).prompts == [[5, 6]]
 
 
+def test_logprobs_fields():
+    """Chat: logprobs true/false (+ top_logprobs 0..5); completions: logprobs N (0..5). None = off."""
+    assert parse_request(dict(CHAT), chat=True).logprobs is None
+    assert parse_request(dict(CHAT, logprobs=False, top_logprobs=0), chat=True).logprobs is None
+    assert parse_request(dict(CHAT, logprobs=True), chat=True).logprobs == 0
+    assert parse_request(dict(CHAT, logprobs=True, top_logprobs=5), chat=True).logprobs == 5
+    assert parse_request(dict(CMPL), chat=False).logprobs is None
+    assert parse_request(dict(CMPL, logprobs=None), chat=False).logprobs is None
+    assert [parse_request(dict(CMPL, logprobs=n), chat=False).logprobs for n in (0, 3, 5)] == [0, 3, 5]
+
+
 def test_content_parts_are_joined_and_developer_is_system():
     msgs = [{"role": "developer", "content": "be brief"},
             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
@@ -73,8 +84,16 @@ BAD = [
     (False, {"stream": True, "stream_options": {"x": True}}, "stream_options", "accepts only"),
     (False, {"stream_options": {"include_usage": True}}, "stream_options", "only allowed with"),
     (False, {"user": 5}, "user", "string"),
-    (False, {"logprobs": 2}, "logprobs", "not supported"),
-    (False, {"logprobs": 0}, "logprobs", "not supported"),
+    (False, {"logprobs": 6}, "logprobs", "integer in [0, 5]"),
+    (False, {"logprobs": -1}, "logprobs", "integer in [0, 5]"),
+    (False, {"logprobs": True}, "logprobs", "integer in [0, 5]"),
+    (False, {"logprobs": "2"}, "logprobs", "integer in [0, 5]"),
+    (False, {"top_logprobs": 2}, "top_logprobs", "completions take 'logprobs': N"),
+    (True, {"logprobs": 1}, "logprobs", "true or false"),
+    (True, {"logprobs": True, "top_logprobs": 6}, "top_logprobs", "integer in [0, 5]"),
+    (True, {"logprobs": True, "top_logprobs": True}, "top_logprobs", "integer in [0, 5]"),
+    (True, {"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
+    (True, {"logprobs": False, "top_logprobs": 3}, "top_logprobs", "needs 'logprobs': true"),
     (False, {"echo": True}, "echo", "not supported"),
     (False, {"best_of": 2}, "best_of", "not supported"),
     (False, {"suffix": "x"}, "suffix", "not supported"),

@@ -59,15 +59,17 @@ class EngineReplica:
         try:
             await group.started()
             yield ("accepted", self.identity["replica_id"])
-            texts, ids = [""] * len(items), [[] for _ in items]
+            texts, ids, lps = [""] * len(items), [[] for _ in items], [[] for _ in items]
             async for index, d in group.events():
                 if not merged:
                     yield index, d
                     continue
                 texts[index] += d.text_delta
                 ids[index] += d.new_token_ids
+                lps[index] += d.new_logprobs or []
                 if d.finished:
-                    yield index, RequestDelta(d.request_id, ids[index], texts[index], True, d.finish_reason, d.output)
+                    yield index, RequestDelta(d.request_id, ids[index], texts[index], True, d.finish_reason, d.output,
+                                              lps[index] if d.new_logprobs is not None else None)
             self.requests_served += 1
         finally:
             group.close()

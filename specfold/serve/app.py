@@ -12,6 +12,8 @@ Invariants:
 - Choice `i` of a request (prompt `p`, `n` choices) is the engine request of `seed + i`, index
   `p * n + i` (the request's `seed`, or one drawn at random when absent).
 - A client that goes away (stream or not) has its unfinished engine requests aborted at once.
+- logprobs: every chunk carries those of the tokens it carries (a chunk is sent for new tokens even
+  when their text is held back); a choice's are those of its final token ids.
 - Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 bad input, 404
   unknown model or route, 429 engine full (EngineFull, with Retry-After); 500 only for a genuine
   internal error (logged).
@@ -28,8 +30,8 @@ from dataclasses import dataclass
 
 from specfold.errors import EngineFull, SpecfoldError
 from specfold.params import SamplingParams
-from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, choice, chunk_choice, envelope,
-                                     new_id, parse_request, usage)
+from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, chat_logprobs, choice, chunk_choice,
+                                     completion_logprobs, envelope, new_id, parse_request, usage)
 from specfold.serve.limits import MAX_BODY_BYTES, max_chars_per_token, read_body, tokenize
 from specfold.serve.runner import EngineRunner
 
@@ -66,6 +68,19 @@ class Service:
         self.metrics = ServerMetrics(runner)
         # no token stands for more characters than this (None: no bound provable for this tokenizer)
         self.chars_per_token = max_chars_per_token(llm.tokenizer) if llm.tokenizer is not None else None
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text in logprobs (specials included; "token_id:N" without a tokenizer)."""
+        tok = self.llm.tokenizer
+        return f"token_id:{token_id}" if tok is None else tok.decode([token_id], skip_special_tokens=False)
+
+    def logprobs(self, req: GenRequest, ids: list[int], lps: list[dict] | None, offset: int = 0) -> tuple:
+        """(the OpenAI logprobs object of these tokens or None, the text offset after them)."""
+        if req.logprobs is None or lps is None:
+            return None, offset
+        if req.chat:
+            return chat_logprobs(ids, lps, req.logprobs, self.token_text), offset
+        return completion_logprobs(ids, lps, self.token_text, offset)
 
     def check_model(self, name: str) -> None:
         if name != self.config.model_name:
@@ -138,7 +153,7 @@ class Service:
             for i in range(req.n):
                 try:
                     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature,
-                                                  seed=(seed + i) % MAX_SEED, stop=list(req.stop))
+                                            seed=(seed + i) % MAX_SEED, stop=list(req.stop), logprobs=req.logprobs)
                 except SpecfoldError as e:
                     raise bad(None, str(e)) from None
                 items.append((ids, params))
@@ -155,18 +170,22 @@ async def _disconnected(request) -> None:
 
 
 async def collect(group, request, n_items: int, tracker):
-    """Texts, finish reasons and completion token counts of a group, or None if the client left."""
-    texts, reasons, tokens = [""] * n_items, [None] * n_items, [0] * n_items
+    """Texts, finish reasons, token ids and their logprobs (None when not asked for) of a group's
+    choices, or None if the client left."""
+    texts, reasons = [""] * n_items, [None] * n_items
+    ids: list[list[int]] = [[] for _ in range(n_items)]
+    lps: list[list | None] = [[] for _ in range(n_items)]
 
     async def gather():
         async for i, d in group.events():
             tracker.delta(i, d)
             texts[i] += d.text_delta
-            tokens[i] += len(d.new_token_ids)
+            ids[i] += d.new_token_ids
+            lps[i] = lps[i] + d.new_logprobs if lps[i] is not None and d.new_logprobs is not None else None
             if d.finished:
                 reasons[i] = d.finish_reason
                 if d.output is not None:
-                    tokens[i] = len(d.output.token_ids)
+                    ids[i], lps[i] = d.output.token_ids, d.output.logprobs
 
     work, watch = asyncio.ensure_future(gather()), asyncio.ensure_future(_disconnected(request))
     try:
@@ -174,7 +193,7 @@ async def collect(group, request, n_items: int, tracker):
         if work not in done:
             return None
         work.result()
-        return texts, reasons, tokens
+        return texts, reasons, ids, lps
     finally:
         work.cancel()
         watch.cancel()
@@ -191,10 +210,11 @@ def sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
-async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens: int, tracker):
-    """Server-sent events: one chunk per delta with text, a finish chunk per choice, [DONE]."""
+async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens: int, tracker, service):
+    """Server-sent events: one chunk per delta with text (or, with logprobs, new tokens), a finish
+    chunk per choice, [DONE]."""
     rid, created = new_id(req.chat), int(time.time())
-    tokens = [0] * n_items
+    tokens, offsets = [0] * n_items, [0] * n_items
 
     def chunk(choices, usage_=None):
         return sse(envelope(rid, req.chat, model, choices, stream=True, created=created, usage_=usage_))
@@ -205,8 +225,9 @@ async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens
         async for i, d in group.events():
             tracker.delta(i, d)
             tokens[i] = len(d.output.token_ids) if d.output is not None else tokens[i] + len(d.new_token_ids)
-            if d.text_delta:
-                yield chunk([chunk_choice(req.chat, i, d.text_delta, None)])
+            lp, offsets[i] = service.logprobs(req, d.new_token_ids, d.new_logprobs, offsets[i])
+            if d.text_delta or (lp is not None and d.new_token_ids):
+                yield chunk([chunk_choice(req.chat, i, d.text_delta, None, logprobs=lp)])
             if d.finished:
                 yield chunk([chunk_choice(req.chat, i, None, d.finish_reason)])
         if req.include_usage:
@@ -287,8 +308,8 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
         tracker = service.metrics.track(arrival, [len(ids) for ids, _ in items])
         if req.stream:
             # background: closes the group even when the client leaves before the first chunk
-            return StreamingResponse(stream(group, req, config.model_name, len(items), prompt_tokens, tracker),
-                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+            events = stream(group, req, config.model_name, len(items), prompt_tokens, tracker, service)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
                                      background=BackgroundTask(_close, group, tracker))
         try:
             got = await collect(group, request, len(items), tracker)
@@ -296,10 +317,11 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
             raise engine_error(e) from None
         if got is None:  # the client left; nobody reads this
             return JSONResponse({}, status_code=499)
-        texts, reasons, tokens = got
-        choices = [choice(chat, i, t, r) for i, (t, r) in enumerate(zip(texts, reasons))]
+        texts, reasons, ids, lps = got
+        choices = [choice(chat, i, t, r, service.logprobs(req, ids[i], lps[i])[0])
+                   for i, (t, r) in enumerate(zip(texts, reasons))]
         return JSONResponse(envelope(new_id(chat), chat, config.model_name, choices, stream=False,
-                                     usage_=usage(prompt_tokens, sum(tokens))))
+                                     usage_=usage(prompt_tokens, sum(len(x) for x in ids))))
 
     @app.post("/v1/completions")
     async def completions(request: Request):

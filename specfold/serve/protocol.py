@@ -7,7 +7,9 @@ Invariants:
   or raises `ApiError` (HTTP 4xx, OpenAI's `{"error": {"message", "type", "param", "code"}}` body)
   naming the offending field. Nothing is coerced ("8" is not 8, true is not 1) or silently dropped.
 - A field OpenAI defines but this server does not implement is refused by name unless it carries
-  its neutral value (`NEUTRAL`: e.g. `presence_penalty: 0`, `top_p: 1`, `logprobs: false`, null).
+  its neutral value (`NEUTRAL`: e.g. `presence_penalty: 0`, `top_p: 1`, `echo: false`, null).
+- logprobs: chat takes `logprobs: true` with `top_logprobs` 0..5, completions `logprobs: N` (0..5);
+  the shapes are OpenAI's (`chat_logprobs`, `completion_logprobs`; -inf is sent as -9999.0, as vLLM).
 - Any other field is unknown and refused by name, with the list of accepted fields. There are no
   engine fields (method, graph, delta, ...): the engine is fixed when the server starts, and no
   request field names a server-side file.
@@ -24,11 +26,12 @@ from specfold.params import MAX_SEED, seed_error  # noqa: F401 (MAX_SEED: app.py
 
 MAX_N = 16  # choices per request (each one an engine request)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
+MAX_LOGPROBS = 5  # alternatives per token (OpenAI's completions limit; the API allows up to 20)
 
 # Fields OpenAI defines that this server does not implement: accepted only at these neutral values
 # (null is always accepted). Any other value is a 400 that names the field.
 NEUTRAL: dict[str, tuple] = {
-    "logprobs": (False,), "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
+    "top_logprobs": (0,), "echo": (False,), "best_of": (1,), "suffix": ("",),
     "logit_bias": ({},), "presence_penalty": (0,), "frequency_penalty": (0,), "top_p": (1,),
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
     "parallel_tool_calls": (False,), "response_format": ({"type": "text"},), "modalities": (["text"],),
@@ -36,8 +39,8 @@ NEUTRAL: dict[str, tuple] = {
     "metadata": ({},), "service_tier": ("auto", "default"),
 }
 COMMON = ("model", "n", "max_tokens", "temperature", "seed", "stop", "stream", "stream_options", "user")
-CHAT_FIELDS = COMMON + ("messages", "max_completion_tokens")
-COMPLETION_FIELDS = COMMON + ("prompt",)
+CHAT_FIELDS = COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
+COMPLETION_FIELDS = COMMON + ("prompt", "logprobs")
 ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -71,6 +74,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None  # alternatives per token (None: no logprobs)
 
 
 # ---------------------------------------------------------------------------------- field checks
@@ -95,6 +99,31 @@ def _bool(name: str, v) -> bool:
     if not isinstance(v, bool):
         raise bad(name, f"'{name}' must be true or false, got {v!r}")
     return v
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Chat: `logprobs` true/false with `top_logprobs` 0..5; completions: `logprobs` 0..5 (the
+    alternatives per token). None: no logprobs."""
+    get = {k: v for k, v in body.items() if v is not None}.get
+    n_range = f"an integer in [0, {MAX_LOGPROBS}]"
+    if not chat:
+        if get("top_logprobs") not in (None, 0):
+            raise bad("top_logprobs", f"'top_logprobs' is a chat field; completions take 'logprobs': N "
+                                      f"({n_range}: the alternatives per token)", code="unsupported_parameter")
+        v = get("logprobs")
+        if v is None or v is False:
+            return None
+        if not _is_int(v) or not 0 <= v <= MAX_LOGPROBS:
+            raise bad("logprobs", f"'logprobs' must be {n_range} (the alternatives per token) or null, got "
+                                  f"{json.dumps(v)}")
+        return v
+    on = _bool("logprobs", get("logprobs", False))
+    top = get("top_logprobs", 0)
+    if not _is_int(top) or not 0 <= top <= MAX_LOGPROBS:
+        raise bad("top_logprobs", f"'top_logprobs' must be {n_range}, got {json.dumps(top)}")
+    if top and not on:
+        raise bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return top if on else None
 
 
 def _stop(v) -> list[str]:
@@ -194,6 +223,7 @@ def parse_request(body, chat: bool) -> GenRequest:
     """Validate a decoded JSON body (see module docstring)."""
     if not isinstance(body, dict):
         raise bad(None, f"the request body must be a JSON object, got {type(body).__name__}")
+    logprobs = _logprobs(body, chat)  # first: completions' top_logprobs gets its own message
     _check_names(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise bad("model", f"'model' must be a non-empty string, got {body.get('model')!r}", code="missing_required")
@@ -228,6 +258,7 @@ def parse_request(body, chat: bool) -> GenRequest:
         req.include_usage = _stream_options(get("stream_options"))
     if get("user") is not None and not isinstance(get("user"), str):
         raise bad("user", f"'user' must be a string, got {get('user')!r}")
+    req.logprobs = logprobs
     return req
 
 
@@ -241,21 +272,51 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def choice(chat: bool, index: int, text: str, finish_reason: str | None) -> dict:
+def choice(chat: bool, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
     if chat:
-        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": None,
+        return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                 "finish_reason": finish_reason}
-    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def chunk_choice(chat: bool, index: int, text: str | None, finish_reason: str | None,
-                 first: bool = False) -> dict:
+                 first: bool = False, logprobs: dict | None = None) -> dict:
     if chat:
         delta: dict = {"role": "assistant"} if first else {}
         if text is not None:
             delta["content"] = text
-        return {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def _lp(x: float) -> float:
+    return max(x, -9999.0)  # JSON has no -inf
+
+
+def chat_logprobs(ids: list[int], lps: list[dict], n: int, text_of) -> dict:
+    """OpenAI's chat `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [n x {token,
+    logprob, bytes}]}]}; `lps[i]`: {id: logprob} (the most likely first, the chosen one included);
+    `text_of(id)`: a token's text."""
+    def entry(t: int, x: float) -> dict:
+        s = text_of(t)
+        return {"token": s, "logprob": _lp(x), "bytes": list(s.encode("utf-8"))}
+    return {"content": [dict(entry(t, d[t]), top_logprobs=[entry(k, v) for k, v in list(d.items())[:n]])
+                        for t, d in zip(ids, lps)]}
+
+
+def completion_logprobs(ids: list[int], lps: list[dict], text_of, offset: int = 0) -> tuple[dict, int]:
+    """OpenAI's completions `logprobs`: {tokens, token_logprobs, top_logprobs: [{token: logprob}] (the
+    n most likely and the chosen one), text_offset} for tokens starting at character `offset` of the
+    choice's text; returns it and the offset after the last token."""
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t, d in zip(ids, lps):
+        s = text_of(t)
+        out["tokens"].append(s)
+        out["token_logprobs"].append(_lp(d[t]))
+        out["top_logprobs"].append({text_of(k): _lp(v) for k, v in d.items()})
+        out["text_offset"].append(offset)
+        offset += len(s)
+    return out, offset
 
 
 def envelope(rid: str, chat: bool, model: str, choices: list[dict], stream: bool,
