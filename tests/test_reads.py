@@ -59,10 +59,11 @@ def _prompts(n: int) -> list[str]:
     return [r["question"] for r in rows]
 
 
-def _max_reads(llm, config: EngineConfig, prompts: list[str], counter: ReadCounter) -> tuple[int, int]:
+def _max_reads(llm, config: EngineConfig, prompts: list[str], counter: ReadCounter,
+               params: SamplingParams | None = None) -> tuple[int, int]:
     eng = llm.engine(config)
     for pr in prompts:
-        eng.add_request(llm.encode(pr, SamplingParams(chat_template=True)), SamplingParams(max_new_tokens=32))
+        eng.add_request(llm.encode(pr, SamplingParams(chat_template=True)), params or SamplingParams(max_new_tokens=32))
     worst, steps = 0, 0
     while eng.has_unfinished():
         counter.n, counter.on = 0, True
@@ -98,6 +99,20 @@ def test_reads_per_step(llm, monkeypatch, method, rule):
     for n in (1, 8):
         worst, _ = _max_reads(llm, auto, _prompts(n), counter)
         assert 1 <= worst <= bound, (method, rule, n, worst)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "spiffy", "specfold"])
+def test_logprobs_ride_in_the_same_read(llm, monkeypatch, method):
+    """Requests asking for logprobs (and sampling) read no more often: their numbers are columns of
+    the step's one read."""
+    counter = ReadCounter()
+    counter.install(monkeypatch)
+    bound = 2 if method != "specfold" else llm.spec.num_layers + 3
+    config = EngineConfig(method=method, rule="static", max_num_seqs=8, draft_budget=64)
+    sp = SamplingParams(max_new_tokens=32, logprobs=5, temperature=0.7, seed=1)
+    many, _ = _max_reads(llm, config, _prompts(8), counter, sp)
+    one, _ = _max_reads(llm, config, _prompts(1), counter, sp)
+    assert 1 <= many <= bound and one == many, (method, one, many)
 
 
 def test_the_counter_counts(llm, monkeypatch):
