@@ -82,12 +82,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests decoded at once")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
                    help="token rows of one engine step (at least one forward always runs)")
+    g.add_argument("--static-shapes", action="store_true",
+                   help="a pooled KV cache and every step padded to bucket sizes (the same tokens)")
+    g.add_argument("--cuda-graphs", action="store_true",
+                   help="CUDA only: one captured CUDA graph per bucket (implies --static-shapes)")
+    g.add_argument("--max-seq-len", type=positive_int, default=None,
+                   help="static shapes: prompt + max new tokens one request may hold (default: min(context, 2048))")
 
 
 _ENGINE_FLAGS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "confidence",
                  "steps", "edit_threshold", "max_post_steps", "draft_depth", "eager", "branches", "graph",
                  "graph_depth", "delta", "drafts", "backend", "draft_budget", "max_num_seqs",
-                 "max_num_batched_tokens", "max_waiting")
+                 "max_num_batched_tokens", "max_waiting", "static_shapes", "cuda_graphs", "max_seq_len")
 
 
 def engine_config_from_args(a: argparse.Namespace):

@@ -231,3 +231,26 @@ def test_pool_slot_cache_is_a_prefix_cache():
     c.release()  # once only
     assert pool.free_slots == 2
     assert META == 7
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from specfold.cli import main
+    try:
+        rc = main(list(argv))
+    except SystemExit as e:
+        rc = e.code
+    got = capsys.readouterr()
+    return rc, got.out, got.err.strip()
+
+
+def test_cli_flags(capsys):
+    """`specfold generate --static-shapes` prints what the default engine prints; --cuda-graphs on the
+    CPU and a request past --max-seq-len are one line, exit 2."""
+    base = ("generate", "--prompt", "What is 7 + 8?", "--max-new-tokens", "16", "--method", "spiffy", "--quiet-stats")
+    rc, plain, _ = _cli(capsys, *base)
+    rc2, static, _ = _cli(capsys, *base, "--static-shapes")
+    assert rc == rc2 == 0 and static == plain and plain.strip()
+    for extra, message in ((("--cuda-graphs",), "error: cuda_graphs=True needs the model on a CUDA device, not 'cpu'"),
+                           (("--static-shapes", "--max-seq-len", "8"), "exceed the static KV pool's")):
+        rc, _, err = _cli(capsys, *base, *extra)
+        assert rc == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err

@@ -280,4 +280,4 @@ def check_pool_fits(pool: KVPool, n_prompt: int, max_new_tokens: int, cfg) -> No
     if need > pool.capacity:
         raise ParamsError(f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + 2 blocks = {need} "
                           f"positions exceed the static KV pool's {pool.capacity} per request; lower "
-                          f"max_new_tokens or raise EngineConfig.max_seq_len")
+                          f"max_new_tokens or raise max_seq_len (EngineConfig.max_seq_len, --max-seq-len)")
