@@ -19,7 +19,8 @@ from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.decoding.jobs import Job
 from specfold.decoding.layout import build_mask
 from specfold.decoding.readout import Read
-from specfold.engine.graphs import StaticRunner, bucket, mask_code
+from specfold.engine.buckets import bucket, mask_code
+from specfold.engine.graphs import StaticRunner
 from specfold.errors import ConfigError, ParamsError
 from specfold.models.forward import Forward
 from specfold.models.pool import KVPool, SlotCache

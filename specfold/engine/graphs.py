@@ -2,14 +2,11 @@
 
 The runner hands this part the step's jobs that can run with fixed shapes (`eligible`): a dense
 forward against a pool slot (models/pool.py), no hidden states returned, a window of at most
-`MAX_WINDOW` rows. They are grouped by window bucket; each group is padded to a bucket
-`(R, G, B, T, P)` (packed rows, forwards, branches, window rows, prefix keys), each size the
-smallest of `LADDER` that holds it (P: at least 16, at most the pool's capacity), chosen from host
-data only (job lists and cache lengths: no device read). The group's integers (models/static.py's
-`StaticBatch` layout) and its head rows are appended to the runner's one host-to-device copy;
-`run` copies them device-to-device into the bucket's fixed input buffer and runs
-`static_forward` over it, then the LM head on the real head rows only (outside the graph: exact
-rows, one matmul per head kind).
+`MAX_WINDOW` rows. engine/buckets.py groups them and pads each group to a bucket, from host data
+only. The group's integers (models/static.py's `StaticBatch` layout) and its head rows are
+appended to the runner's one host-to-device copy; `run` copies them device-to-device into the
+bucket's fixed input buffer and runs `static_forward` over it, then the LM head on the real head
+rows only (outside the graph: exact rows, one matmul per head kind).
 
 With `cuda_graphs` on a CUDA model, the first use of a bucket warms `static_forward` up on a side
 stream and captures it into a `torch.cuda.CUDAGraph` (all graphs share one memory pool, as
@@ -25,61 +22,16 @@ the step has run (`commit`), as `forward_many` commits after its last layer.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from specfold.decoding.jobs import Job
+from specfold.engine.buckets import LADDER, MAX_WINDOW, Group, plan_groups
 from specfold.errors import ConfigError, ParamsError
 from specfold.models.pool import KVPool, SlotCache
-from specfold.models.static import FULL, META, StaticBatch, static_forward
+from specfold.models.static import META, StaticBatch, static_forward
 from specfold.models.transformer import Transformer
-
-
-def _ladder(top: int = 1 << 16) -> list[int]:
-    out, p = [1, 2, 3], 4
-    while p <= top:
-        out += [p, p + p // 2]
-        p *= 2
-    return out
-
-
-LADDER = _ladder()  # bucket sizes: 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (padding wastes at most 50 %)
-MAX_WINDOW = 512  # longer windows (long prefills) run eagerly
-MIN_PREFIX = 16
-
-
-def bucket(n: int, lo: int = 1) -> int:
-    """The smallest ladder size >= max(n, lo)."""
-    n = max(n, lo)
-    for b in LADDER:
-        if b >= n:
-            return b
-    raise ValueError(f"no bucket holds {n}")
-
-
-def mask_code(desc: tuple | None) -> tuple[int, int, int]:
-    """A mask description (decoding/layout.py) -> (n, origin, pending) of `StaticBatch.meta`."""
-    if desc is None:
-        return FULL, 0, 0
-    if desc[0] == "block":
-        return desc[1], desc[2], 0
-    if desc[0] == "causal":
-        return 1, 0, 0
-    if desc[0] == "pending":
-        return FULL, 0, desc[1]
-    raise ValueError(f"unknown mask description {desc!r}")
-
-
-@dataclass(slots=True)
-class Group:
-    """The static forwards of one step that share a window bucket, in host data."""
-    key: tuple[int, int, int, int, int]  # (R, G, B, T, P)
-    jobs: list[int]  # indices into the step's jobs
-    ints: list[int]  # the StaticBatch layout, then every head row (packed row indices)
-    heads: list[tuple | None] = field(default_factory=list)  # per job: (head kind, first row, rows, shape)
-    kinds: list[tuple[str, int, int]] = field(default_factory=list)  # (head kind, offset in ints, rows)
-    offset: int = 0  # where `ints` starts in the step's device buffer
 
 
 @dataclass(slots=True)
@@ -119,71 +71,10 @@ class StaticRunner:
 
     # ------------------------------------------------------------------ host: buckets and integers
     def plan(self, jobs: list[Job], idx: list[int]) -> list[Group]:
-        by_t: dict[int, list[int]] = {}
-        for i in idx:
-            by_t.setdefault(bucket(jobs[i].width), []).append(i)
-        groups = [self._group([jobs[i] for i in g], g, T) for T, g in by_t.items()]
+        groups = plan_groups(jobs, idx, self.pool)
         self.rows[0] += sum(len(jobs[i].tokens) * jobs[i].width for i in idx)
         self.rows[1] += sum(g.key[0] for g in groups)
         return groups
-
-    def _group(self, jobs: list[Job], idx: list[int], T: int) -> Group:
-        G, B = bucket(len(jobs)), bucket(max(len(j.tokens) for j in jobs))
-        R = bucket(sum(len(j.tokens) * j.width for j in jobs))
-        top = max(j.cache.length for j in jobs)
-        P = 0 if top == 0 else min(bucket(top, MIN_PREFIX), self.pool.capacity)
-        scratch = self.pool.scratch
-        tok, pos, wslot, wpos, scatter, gather, meta, shapes = [], [], [], [], [], [], [], []
-        heads: dict[str, list[int]] = {}  # head kind -> its packed rows
-        for g, j in enumerate(jobs):
-            nb, t, r0, c = len(j.tokens), j.width, len(tok), j.cache
-            for row in j.tokens:
-                tok += row
-            pos += list(range(j.start, j.start + t)) * nb
-            if j.write_cache:
-                wslot += [c.slot] * t
-                wpos += range(c.length, c.length + t)
-            else:
-                wslot += [scratch] * (nb * t)
-                wpos += [0] * (nb * t)
-            base = g * B * T
-            for b in range(nb):
-                scatter += range(base + b * T, base + b * T + t)
-                gather += range(r0 + b * t, r0 + b * t + t)
-                gather += [r0] * (T - t)
-            gather += [r0] * ((B - nb) * T)
-            meta += [j.start, c.slot, c.length, t, *mask_code(j.mask)]
-            rows, shape = self._head_rows(j, r0)
-            kind = heads.setdefault(j.head, [])
-            shapes.append((j.head, len(kind), len(rows), shape) if rows else None)
-            kind += rows
-        pad = R - len(tok)
-        tok += [0] * pad
-        pos += [0] * pad
-        wslot += [scratch] * pad
-        wpos += [0] * pad
-        scatter += [0] * pad
-        gather += [0] * ((G - len(jobs)) * B * T)
-        meta += [0, scratch, 0, T, FULL, 0, 0] * (G - len(jobs))
-        ints = tok + pos + wslot + wpos + scatter + gather + meta
-        kinds, o = [], len(ints)
-        for kind, rows in heads.items():
-            if rows:
-                kinds.append((kind, o, len(rows)))
-                ints += rows
-                o += len(rows)
-        return Group((R, G, B, T, P), idx, ints, shapes, kinds)
-
-    @staticmethod
-    def _head_rows(j: Job, r0: int) -> tuple[list[int], tuple]:
-        """The packed rows the head runs on for job `j` (b-major, as the runner reads them)."""
-        nb, t = len(j.tokens), j.width
-        if j.read is None:
-            return [], ()
-        if j.rows_at is not None:
-            return [r0 + r for r in j.rows_at], (1, len(j.rows_at))
-        at = j.logits_at if j.logits_at is not None else range(t)
-        return [r0 + b * t + k for b in range(nb) for k in at], (nb, len(at))
 
     # ------------------------------------------------------------------ device
     def run(self, g: Group, buf: torch.Tensor) -> list[torch.Tensor | None]:
