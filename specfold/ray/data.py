@@ -96,10 +96,12 @@ class Processor:
         self.config, self.preprocess, self.postprocess = config, preprocess, postprocess
 
     def __call__(self, ds):
+        import ray
         if self.preprocess is not None:
             ds = ds.map(self.preprocess)
         ds = ds.map_batches(EngineUDF, fn_constructor_kwargs={"config": self.config},
-                            concurrency=self.config.concurrency, batch_size=self.config.batch_size,
+                            compute=ray.data.ActorPoolStrategy(size=self.config.concurrency),
+                            batch_size=self.config.batch_size,
                             **self.config.actor_options())
         if self.postprocess is not None:
             ds = ds.map(self.postprocess)
@@ -159,7 +161,8 @@ def ordered_outputs(spec: EngineSpec, jobs: Sequence[tuple[object, object]], rep
         ds = ray.data.from_items([{"job": k} for k in range(len(jobs))])
         ds = ds.map_batches(DecodeUDF, fn_constructor_kwargs={"spec": spec, "prompts": [p for p, _ in jobs],
                                                               "runs": runs, "run_of": run_of, "warmup": warmup},
-                            concurrency=replicas, batch_size=size, **spec.actor_options())
+                            compute=ray.data.ActorPoolStrategy(size=replicas), batch_size=size,
+                            **spec.actor_options())
         for row in ds.iter_rows():
             yield pickle.loads(row["output"])
     finally:
