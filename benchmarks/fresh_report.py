@@ -75,8 +75,8 @@ def cpu_x(cpu: dict, r: dict) -> tuple[float | None, float | None]:
 def table1(rows: list[dict], records: list[dict]) -> str:
     cpu = cpu_rates(records)
     out = ["| method | n | accuracy | NFE/problem | (×v) | tok/fwd | tok/s | (×v) | tok/CPU-s | (×v) "
-           "| tokens ≠ vanilla's | right → wrong | fold ratio | drafts/verif. |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| tokens ≠ vanilla's | right → wrong | fold ratio | drafts/verif. | outside fwd |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["batch"] != 1:
             continue
@@ -85,7 +85,8 @@ def table1(rows: list[dict], records: list[dict]) -> str:
         out.append(f"| {label(r['method'], r['setting'])} | {r['n']} | {r['accuracy']:.3f} | {r['nfe_per_sample']:.1f} "
                    f"| {f(r['nfe_per_sample_x'])} | {r['tokens_per_forward']:.2f} | {r['tokens_per_second']:.1f} "
                    f"| {f(r['tokens_per_second_x'])} | {f(c, '.1f')} | {f(cx)} | {k} of {r['n']} | {lost} "
-                   f"| {f(r['fold_ratio'])} | {f(r.get('mean_budget'))} |")
+                   f"| {f(r['fold_ratio'])} | {f(r.get('mean_budget'))} "
+                   f"| {f(r['outside_forward'] and 100 * r['outside_forward'], '.1f')}% |")
     return "\n".join(out)
 
 
@@ -99,22 +100,22 @@ def same_as_alone(records: list[dict], row: dict, alone: dict) -> int:
 def engine(rows: list[dict], records: list[dict]) -> str:
     one = {label(r["method"], r["setting"]): r for r in rows if r["batch"] == 1}
     cpu = cpu_rates(records)
-    out = ["| method | tok/s, 1 at a time | (×v) | tok/s, 16 concurrent | (×v) | 16 vs 1 | tok/CPU-s: 16 vs 1 "
+    out = ["| method | tok/CPU-s, 1 at a time | (×v) | tok/CPU-s, 16 concurrent | (×v) | 16 vs 1 | wall tok/s: 16 vs 1 "
            "| drafts/verif. at 16 | tokens = 1 at a time | tokens ≠ vanilla's at 16 |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["batch"] != 16:
             continue
         name = label(r["method"], r["setting"])
-        a = one.get(name) or one.get(name.replace("draft_budget=7", "draft_budget=7,eager=false"))
+        a = one.get(name) or one.get(name.replace("draft_budget=7", "draft_budget=7,eager=False"))
         if a is None and r["method"] == "specfold":  # batch-1 SpecFold at δ = 0.05 and budget 7
             a = one.get(f"specfold {r['setting'].split(',batch')[0]},delta=0.05")
-        gain = r["tokens_per_second"] / a["tokens_per_second"] if a else None
-        c16, c1 = cpu.get((r["method"], r["setting"])), a and cpu.get((a["method"], a["setting"]))
-        out.append(f"| {name} | {f(a and a['tokens_per_second'], '.1f')} | {f(a and a['tokens_per_second_x'])} "
-                   f"| {r['tokens_per_second']:.1f} | {f(r['tokens_per_second_x'])} | {f(gain)} "
-                   f"| {f(c16 / c1 if c16 and c1 else None)} "
-                   f"| {f(r.get('mean_budget'))} | {same_as_alone(records, r, a) if a else '—'} of {r['n']} "
+        c16, x16 = cpu_x(cpu, r)
+        c1, x1 = cpu_x(cpu, a) if a else (None, None)
+        wall = r["tokens_per_second"] / a["tokens_per_second"] if a else None
+        out.append(f"| {name} | {f(c1, '.1f')} | {f(x1)} | {f(c16, '.1f')} | {f(x16)} "
+                   f"| {f(c16 / c1 if c16 and c1 else None)} | {f(wall)} | {f(r.get('mean_budget'))} "
+                   f"| {same_as_alone(records, r, a) if a else '—'} of {r['n']} "
                    f"| {f(r['n'] * (1 - r['exact']), '.0f') if r['exact'] is not None else '—'} of {r['n']} |")
     return "\n".join(out)
 
