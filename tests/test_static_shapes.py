@@ -127,9 +127,10 @@ def test_padded_forward_equals_forward_many(checkpoint):
 
 
 # ---------------------------------------------------------------------------- the engine
-def _run(llm, config: EngineConfig, prompts, max_new):
+def _run(llm, config: EngineConfig, prompts, max_new, temps=None):
     eng = llm.engine(config)
-    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(prompts, max_new))]
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i, temperature=temps[i] if temps else 0.0))
+           for i, (p, n) in enumerate(zip(prompts, max_new))]
     outs = {}
     while eng.has_unfinished():
         for d in eng.step():
@@ -156,6 +157,16 @@ def test_engine_same_tokens_and_forwards(bc, method, rule):
         assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
         assert eng.pool.free_slots == 8
     assert eng.runner.static.forwards > 0  # (eager windows: prefills only; their verifications return hidden states)
+
+
+@pytest.mark.parametrize("method", ["vanilla", "spiffy"])
+def test_engine_same_samples(bc, method):
+    """At temperature > 0 (noise keyed by each request's seed and rows) the samples are the same too."""
+    base = EngineConfig(rule="static", draft_budget=64, max_num_seqs=8, **METHODS[method])
+    temps = [0.8, 1.0, 0.0, 0.5, 1.2, 0.7, 0.9, 0.3]
+    want, _ = _run(bc, base, PROMPTS, MAX_NEW, temps)
+    got, _ = _run(bc, base.replace(static_shapes=True, max_seq_len=64), PROMPTS, MAX_NEW, temps)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
 
 
 @pytest.fixture(scope="module")
