@@ -80,7 +80,7 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
                     for k, v in o.stats.extra.get("draft_budgets", {}).items():
                         budgets[int(k)] += v
                     pred += o.stats.extra.get("predicted_seconds", 0.0)
-                    meas += o.stats.extra.get("model_seconds", 0.0)
+                    meas += o.stats.extra.get("measured_seconds", 0.0)
                 recs[name].append({"chunk": (unit - 1) % len(chunks), "cpu": cpu, "wall": wall,
                                    "tokens": sum(o.stats.tokens for o in outs),
                                    "nfe": sum(o.stats.nfe for o in outs), "n": len(outs),
@@ -142,7 +142,8 @@ def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
         rel = auto["x_pair"] / best["x_pair"]
         out.append(f"{m}: auto {auto['x_pair']:.2f}x vanilla (paired median; aim >= 0.97: "
                    f"{'met' if auto['x_pair'] >= 0.97 else 'NOT met'}); best fixed {best['config'].split()[1]} "
-                   f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (aim >= 0.97: {'met' if rel >= 0.97 else 'NOT met'})")
+                   f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (aim >= 0.97: {'met' if rel >= 0.97 else 'NOT met'}); "
+                   f"auto chose (drafts per verification: verifications) {auto['budgets']}, mean {auto['mean_budget']:.2f}")
     return out
 
 
@@ -198,9 +199,10 @@ def main(argv=None) -> int:
                 recs = run_cell(llm, prompts, batch, configs(methods, budgets, rule, a.max_new_tokens), a.rounds)
                 rows = summarize(recs)
                 key = f"{width} width, {rule} rule, batch {batch}"
-                results[key] = {"rows": rows, "units": {k: [{f: u[f] for f in ("chunk", "cpu", "wall", "tokens", "nfe")}
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+                results[key] = {"load": load, "seconds": time.perf_counter() - t0, "rows": rows, "units": {k: [{f: u[f] for f in ("chunk", "cpu", "wall", "tokens", "nfe")}
                                                             for u in v] for k, v in recs.items()}}
-                print(f"\n### {key} ({time.perf_counter() - t0:.0f} s)\n\n{table(rows)}\n\n"
+                print(f"\n### {key} ({time.perf_counter() - t0:.0f} s, load average {load})\n\n{table(rows)}\n\n"
                       + "\n".join(f"- {v}" for v in verdicts(rows, methods)), flush=True)
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "?"
     head = (f"Command: `OMP_NUM_THREADS=1 taskset -c {cpus} python benchmarks/draft_budgets.py "

@@ -121,7 +121,7 @@ def test_auto_budgets_never_change_tokens(checkpoint, family, method):
     van = DecodeParams(rule="threshold", threshold=0.6)
     auto = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS[method])
     cfg = auto.split()[0]
-    _install_cost(llm, cfg, slope=0.1 / 8)
+    _install_cost(llm, cfg, slope=0.06 / 8)
     want = [llm.generate([pr], van.replace(max_new_tokens=n, seed=i))[0] for i, (pr, n) in enumerate(zip(PROMPTS, MAX_NEW))]
     budgets, picks = {}, []
     alone = [llm.generate([pr], auto.replace(max_new_tokens=n, seed=i))[0] for i, (pr, n) in enumerate(zip(PROMPTS, MAX_NEW))]

@@ -38,27 +38,30 @@ rule's decisions, so tokens are those of vanilla for every lossless method.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
+
 from specfold.decoding.jobs import Job
 from specfold.decoding.proposal import Proposal
-from specfold.engine.cost import CostModel, Shape, cost_model_for
+from specfold.engine.cost import CostModel, Shape, clock_for, cost_model_for
 
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
 RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
 BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that were not chosen
+MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
 
 
 def job_shape(job: Job, folded: bool, rho: float) -> Shape:
     """The cost features of one job; `folded`: a verification that goes through the folded verifier."""
     if job.kind == "reuse":
-        return Shape()
+        return Shape(jobs=1)
     B, T = len(job.tokens), job.width
     kv = job.start if job.cache is not None else 0
     attn = B * T * (kv + T)
     if folded and B > 1:
         D = (B - 1) * T
-        return Shape(T + (1.0 - rho) * D, attn, job.head_rows, D, 1)
-    return Shape(B * T, attn, job.head_rows)
+        return Shape(T + (1.0 - rho) * D, attn, job.head_rows, D, 1, 1, B - 1)
+    return Shape(B * T, attn, job.head_rows, jobs=1, drafts=B - 1 if job.kind == "verify" else 0)
 
 
 class BudgetChooser:
@@ -82,6 +85,10 @@ class BudgetChooser:
         self.steps = 0
         self.predicted = self.measured = self.abs_err = 0.0
         self._last: float | None = None
+        self.clock = clock_for(model.device)  # the clock step costs are measured on (cost.py)
+        self._step_t0 = 0.0
+        self._model_s = 0.0  # this step's model call on that clock
+        self._shape: Shape | None = None  # this step's jobs
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
@@ -98,7 +105,9 @@ class BudgetChooser:
         if not live or self.cost is None:
             for r, _ in live:
                 r.draft_pick = []
-            return None
+            if self.cost is not None:  # a step of prefills and commits only: predicted all the same
+                self._last = self.cost.predict(self._base(base, []), host=True)
+            return self._last
         F0 = self._base(base, [p for _, p in live])
         tau, acc = self.acceptance.tau, self.acceptance
         parents = self.program.draft_tree()
@@ -111,7 +120,7 @@ class BudgetChooser:
         for k in wanted:
             p = live[k][1]
             for d, m, b in zip(p.drafts, p.masks_left(), p.buckets()):
-                items[k].append((acc.optimistic(d.node, b) * min(tau, m), d.parent - 1,
+                items[k].append((acc.p(d.node, b) * min(tau, m) * (1 - MARGIN), d.parent - 1,
                                  max(1, p.root_rows - (p.masked - m))))
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items) if wanted else []):
@@ -123,9 +132,10 @@ class BudgetChooser:
             r.draft_pick = sorted(picks[k])
             if picks[k]:
                 d = self._delta(p)
-                F = F.plus(Shape(d.rows * len(picks[k]), d.attn * len(picks[k]),
-                                 sum(items[k][j][2] for j in picks[k]), d.fold * len(picks[k]), d.fold_calls))
-        self._last = self.cost.predict(F)
+                n = len(picks[k])
+                F = F.plus(Shape(d.rows * n, d.attn * n, sum(items[k][j][2] for j in picks[k]), d.fold * n,
+                                 d.fold_calls, 0, n))
+        self._last = self.cost.predict(F, host=True)
         return self._last
 
     @staticmethod
@@ -162,7 +172,7 @@ class BudgetChooser:
         for j in base:
             F = F.plus(job_shape(j, self.folded, self.rho))
         for p in props:
-            F = F.plus(Shape(p.width, p.width * (p.kv + p.width), p.root_rows))
+            F = F.plus(Shape(p.width, p.width * (p.kv + p.width), p.root_rows, jobs=1))
         return F
 
     def _delta(self, p: Proposal) -> Shape:
@@ -170,32 +180,32 @@ class BudgetChooser:
         W = p.width
         attn = W * (p.kv + W)
         if self.folded:
-            return Shape((1.0 - self.rho) * W, attn, 0.0, W, 1)
-        return Shape(W, attn, 0.0)
+            return Shape((1.0 - self.rho) * W, attn, 0.0, W, 1, 0, 1)
+        return Shape(W, attn, 0.0, drafts=1)
 
     def _worth_drafting(self, F0: Shape, live, parents: list[int]) -> list[int]:
-        """The requests whose drafts might pay: a draft's density is at most (the best optimistic node
-        rate) × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
+        """The requests whose drafts might pay: a draft's density is at most (the best node rate)
+        × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
         request: f is sub-linear), and a set of drafts is only taken if its density beats the step
         ratio without drafts. Cheap: no draft is made for the others."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
         n = max(p.nodes for _, p in live)
         if not n:
             return []
-        top = max(acc.optimistic(i) for i in range(1, min(n, len(parents)) + 1))
+        top = max(acc.p(i) for i in range(1, min(n, len(parents)) + 1))
         full = F0
         for _, p in live:
             d = self._delta(p)
             full = full.plus(Shape(d.rows * p.nodes, d.attn * p.nodes, p.root_rows * p.nodes, d.fold * p.nodes,
-                                   d.fold_calls if p.nodes else 0))
-        ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0)
+                                   d.fold_calls if p.nodes else 0, 0, p.nodes))
+        ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0, host=True)
         out = []
         for k, (_, p) in enumerate(live):
             if not p.nodes:
                 continue
             d = self._delta(p)
             marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
-                + c.fold_row * d.fold + c.c_head
+                + c.fold_row * d.fold + c.c_head + c.host_draft
             if top * min(tau, p.masked) / marginal > ratio:
                 out.append(k)
         return out
@@ -205,8 +215,27 @@ class BudgetChooser:
         return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], self.max_rows)
 
     # ------------------------------------------------------------------ after the step
+    def start_step(self) -> None:
+        """The engine's step begins (its host work is timed from here, on `self.clock`)."""
+        self._step_t0 = self.clock()
+        self._shape = None
+
+    def end_step(self) -> float:
+        """The step's work is done (before its deltas are built): returns its seconds on the cost
+        clock; under auto budgets its host time (less the model call) refines the host terms."""
+        total = self.clock() - self._step_t0
+        if not self.auto or self.cost is None or self._shape is None or self._last is None:
+            return total
+        self.cost.observe_host(self._shape, total - self._model_s)
+        self.steps += 1
+        self.predicted += self._last
+        self.measured += total
+        self.abs_err += abs(self._last - total)
+        return total
+
     def observe(self, jobs: list[Job], seconds: float, results: list) -> None:
-        """The measured time of the step's runner call refines the cost model; fold counts the ratio."""
+        """The measured time of the step's runner call (on `self.clock`) refines the cost model; fold
+        counts the ratio."""
         if not self.auto or self.cost is None:
             return
         folded = positions = 0
@@ -218,11 +247,7 @@ class BudgetChooser:
         F = Shape()
         for j in jobs:
             F = F.plus(job_shape(j, self.folded and j.kind == "verify", self.rho))
-        if self._last is not None:
-            self.steps += 1
-            self.predicted += self._last
-            self.measured += seconds
-            self.abs_err += abs(self._last - seconds)
+        self._shape, self._model_s = F, seconds
         self.cost.observe(F, seconds)
         if positions:
             w = RHO_WEIGHT
@@ -234,6 +259,7 @@ class BudgetChooser:
     def report(self) -> dict:
         """Engine-wide: the budgets chosen, predicted against measured step time, acceptance."""
         out = {"draft_budget": self.budget, "budgets": dict(sorted(self.chosen.items())), "steps_predicted": self.steps,
+               "clock": "thread_cpu" if self.clock is time.thread_time else "wall",
                "predicted_seconds": self.predicted, "measured_seconds": self.measured,
                "prediction_error": self.abs_err / self.measured if self.measured else None,
                "fold_ratio_running": self.rho if self.folded else None}
@@ -243,6 +269,7 @@ class BudgetChooser:
             c = self.cost
             out["cost"] = {"grid": list(c.grid), "f": list(c.f), "c_attn": c.c_attn, "c_head": c.c_head,
                            "fold0": c.fold0, "fold_row": c.fold_row, "observations": c.observations,
+                           "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft,
                            "calibration_seconds": c.calibration_seconds}
         return out
 
@@ -261,9 +288,9 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     drafts, every draft), the better kept."""
     every = _fit([(k, j) for k, items in enumerate(per_req) for j in range(len(items))], per_req, deltas, F0.rows, max_rows)
     G, V = _shape(F0, V0, every, per_req, deltas)
-    best, chosen = V0 / c.predict(F0), []
-    if V / c.predict(G) > best:
-        best, chosen = V / c.predict(G), every
+    best, chosen = V0 / c.predict(F0, host=True), []
+    if V / c.predict(G, host=True) > best:
+        best, chosen = V / c.predict(G, host=True), every
     r, pre = _best_prefix(c, F0, V0, per_req, deltas, max_rows)
     if r > best:
         best, chosen = r, pre
@@ -283,19 +310,19 @@ def _best_prefix(c, F0, V0, per_req, deltas, max_rows) -> tuple[float, list[tupl
             continue
         d = deltas[k]
         marginal = (c.f_of(F0.rows + d.rows) - c.f_of(F0.rows) + c.c_attn * d.attn + c.fold_row * d.fold
-                    + (c.fold0 if d.fold_calls and not F0.fold_calls else 0.0))
+                    + c.host_draft * d.drafts + (c.fold0 if d.fold_calls and not F0.fold_calls else 0.0))
         for g_v, g_c, members in _groups(items, [max(marginal + c.c_head * h, 1e-12) for _, _, h in items]):
             for j in members:
                 order.append((-g_v / g_c, k, members[0], j))
     order.sort()
     pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, F0.rows, max_rows)
-    rows, attn, hd, fold, calls, V = F0.rows, F0.attn, F0.head, F0.fold, F0.fold_calls, V0
-    best, best_n = V0 / c.predict(F0), 0
+    F, V = F0, V0
+    best, best_n = V0 / c.predict(F0, host=True), 0
     for n, (k, j) in enumerate(pick, start=1):
         d = deltas[k]
         v, _, h = per_req[k][j]
-        rows, attn, hd, fold, calls, V = rows + d.rows, attn + d.attn, hd + h, fold + d.fold, calls or d.fold_calls, V + v
-        t = c.f_of(rows) + c.c_attn * attn + c.c_head * hd + ((c.fold0 + c.fold_row * fold) if calls else 0.0)
+        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
+        t = c.predict(F, host=True)
         if V / t > best:
             best, best_n = V / t, n
     return best, pick[:best_n]
@@ -338,7 +365,7 @@ def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chose
             d = deltas[k]
             fold0 = c.fold0 if d.fold_calls and not F.fold_calls else 0.0
             marginal = (c.f_of(F.rows + d.rows) - c.f_of(F.rows) + c.c_attn * d.attn + c.fold_row * d.fold
-                        + fold0 / max(1, len(items)))
+                        + c.host_draft * d.drafts + fold0 / max(1, len(items)))
             w = [v - best * (marginal + c.c_head * h) for v, _, h in items]
             worth = list(w)
             for j in range(len(items) - 1, -1, -1):  # children come after parents: bottom-up
@@ -352,7 +379,7 @@ def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chose
                     pick.append((k, j))
         pick = _fit(pick, per_req, deltas, F0.rows, max_rows)
         G, V = _shape(F0, V0, pick, per_req, deltas)
-        r = V / c.predict(G)
+        r = V / c.predict(G, host=True)
         if r <= best * (1 + 1e-12):
             break
         best, chosen, F = r, pick, G
@@ -360,12 +387,12 @@ def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chose
 
 
 def _shape(F0: Shape, V0: float, pick, per_req, deltas) -> tuple[Shape, float]:
-    rows, attn, hd, fold, calls, V = F0.rows, F0.attn, F0.head, F0.fold, F0.fold_calls, V0
+    F, V = F0, V0
     for k, j in pick:
         d = deltas[k]
         v, _, h = per_req[k][j]
-        rows, attn, hd, fold, calls, V = rows + d.rows, attn + d.attn, hd + h, fold + d.fold, calls or d.fold_calls, V + v
-    return Shape(rows, attn, hd, fold, calls), V
+        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
+    return F, V
 
 
 def _fit(pick, per_req, deltas, rows0: float, max_rows: float):

@@ -9,6 +9,11 @@ A step is described by its `Shape` (host integers, known before the step runs):
 
     t = f(rows) + c_attn·attn + c_head·head + [fold > 0]·(fold0 + fold_row·fold)
 
+plus, for the whole step (`predict(s, host=True)`), the host work around the model call that the
+user pays too: planning, drafting, reading the scores back into Python, the rules and the store,
+`host0 + host_job·jobs + host_draft·drafts` (jobs and verified drafts of the step). At the tiny
+model's width the host side is a tenth of a step, and each verified draft adds its own share.
+
 `f` is piecewise linear over a grid of row counts (linear past the last point), so a small batch's
 sub-linear cost (the weights are read once for all rows) is seen: that is what makes drafts nearly free
 on a GPU and dear on this CPU. The head term matters at a real vocabulary, where the head can
@@ -24,7 +29,14 @@ time (host `time.perf_counter` around the runner's call, no extra sync) moves th
 used by a normalised least-mean-squares step in relative terms, with residuals clipped and weighted
 as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tracks what a step
 costs this process, not the bursts of others sharing the machine; a step past the calibrated row
-range becomes a new grid point.
+range becomes a new grid point. The host terms are learnt the same way (`observe_host`) from each
+step's host time (the step's time less its model call), from zero.
+
+The clock (`clock_for`): on a CPU with one torch thread, the engine thread's CPU time
+(`time.thread_time`): there it is the compute the step needs, and a neighbour's load that takes the
+core away does not enter the model (on a shared 2-core machine the wall clock of the same step varies
+by 3x, and uniformly slower steps would not change the choice anyway); elsewhere (a GPU, several
+threads) the wall clock.
 Same code on every device; only the measurements differ.
 """
 from __future__ import annotations
@@ -39,7 +51,7 @@ from pathlib import Path
 
 import torch
 
-VERSION = 3
+VERSION = 4
 ETA = 0.15  # online step size (relative)
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
 EXPECTILE = 0.3  # slower-than-predicted steps weigh 0.3, faster ones 0.7: on a shared machine noise
@@ -48,7 +60,16 @@ CALIBRATION_PASSES = 3  # passes over the row grid, each point's fastest kept (w
 SAVE_EVERY = 256  # observations between two writes of the refined model
 GROW = 1.5  # a step this far past the last calibrated row count becomes a new grid point
 MIN_SECONDS = 1e-7
-FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9}  # parameter scales
+FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
+          "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}  # parameter scales
+
+
+def clock_for(device) -> "callable":
+    """The clock step costs are measured on: thread CPU time on a CPU with one torch thread, else the
+    wall clock (see the module docstring)."""
+    if getattr(device, "type", str(device)) == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
 
 
 @dataclass(slots=True)
@@ -58,10 +79,13 @@ class Shape:
     head: float = 0.0
     fold: float = 0.0
     fold_calls: int = 0
+    jobs: float = 0.0  # jobs of the step (host work)
+    drafts: float = 0.0  # drafts verified (host work)
 
     def plus(self, other: "Shape") -> "Shape":
         return Shape(self.rows + other.rows, self.attn + other.attn, self.head + other.head,
-                     self.fold + other.fold, max(self.fold_calls, other.fold_calls))
+                     self.fold + other.fold, max(self.fold_calls, other.fold_calls),
+                     self.jobs + other.jobs, self.drafts + other.drafts)
 
 
 @dataclass
@@ -72,7 +96,11 @@ class CostModel:
     c_head: float = 0.0
     fold0: float = 0.0
     fold_row: float = 0.0
+    host0: float = 0.0
+    host_job: float = 0.0
+    host_draft: float = 0.0
     observations: int = 0
+    host_observations: int = 0
     key: dict = field(default_factory=dict)
     path: str | None = None
     calibration_seconds: float = 0.0
@@ -92,11 +120,15 @@ class CostModel:
         i, w = self._interp(rows)
         return max(MIN_SECONDS, (1 - w) * self.f[i] + w * self.f[i + 1])
 
-    def predict(self, s: Shape) -> float:
+    def predict(self, s: Shape, host: bool = False) -> float:
+        """Seconds of the step's model call; `host`: of the whole step (its host work too)."""
         t = self.f_of(s.rows) + self.c_attn * s.attn + self.c_head * s.head
         if s.fold_calls:
             t += self.fold0 + self.fold_row * s.fold
-        return t
+        return t + self.host_of(s) if host else t
+
+    def host_of(self, s: Shape) -> float:
+        return self.host0 + self.host_job * s.jobs + self.host_draft * s.drafts
 
     # ------------------------------------------------------------------ online refinement
     def observe(self, s: Shape, seconds: float) -> None:
@@ -128,6 +160,20 @@ class CostModel:
         self.observations += 1
         if self.path and self.observations % SAVE_EVERY == 0:
             self.save()
+
+    def observe_host(self, s: Shape, seconds: float) -> None:
+        """Refine the host terms from a step's host seconds (its time less the model call)."""
+        if seconds <= 0:
+            return
+        pred = self.host_of(s)
+        e = max(-CLIP * max(pred, seconds), min(CLIP * max(pred, seconds), seconds - pred))
+        e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
+        vals = [(n, x, max(getattr(self, n), FLOORS[n])) for n, x in
+                (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts)) if x]
+        den = sum((x * sc) ** 2 for _, x, sc in vals)
+        for n, x, sc in vals:
+            setattr(self, n, max(0.0, getattr(self, n) + ETA * e * x * sc * sc / den))
+        self.host_observations += 1
 
     def _get(self, name: str, idx: int | None) -> float:
         return self.f[idx] if name == "f" else getattr(self, name)
@@ -162,7 +208,8 @@ class CostModel:
     def from_dict(cls, d: dict) -> "CostModel":
         if d.get("version") != VERSION:
             raise ValueError("another cost model version")
-        fields = {k: d[k] for k in ("grid", "f", "c_attn", "c_head", "fold0", "fold_row", "observations", "key",
+        fields = {k: d[k] for k in ("grid", "f", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job",
+                                     "host_draft", "observations", "host_observations", "key",
                                      "calibration_seconds") if k in d}
         m = cls(**fields)
         if len(m.grid) < 2 or len(m.grid) != len(m.f) or any(b <= a for a, b in zip(m.grid, m.grid[1:])):
@@ -236,9 +283,9 @@ def forget_models() -> None:
 
 
 # ---------------------------------------------------------------------------------------- calibration
-def _time(fn, reps: int = 3) -> float:
-    """Fastest seconds of `fn()` after one untimed call (synchronised on CUDA: calibration only; noise
-    only ever adds time); one timed call for a slow `fn` (over 0.2 s), three below."""
+def _time(fn, reps: int = 3, clock=time.perf_counter) -> float:
+    """Fastest seconds of `fn()` on `clock` after one untimed call (synchronised on CUDA: calibration
+    only; noise only ever adds time); one timed call for a slow `fn` (over 0.2 s), three below."""
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     t0 = time.perf_counter()
     fn()
@@ -247,10 +294,10 @@ def _time(fn, reps: int = 3) -> float:
         reps = 1
     ts = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
         sync()
-        ts.append(time.perf_counter() - t0)
+        ts.append(clock() - t0)
     return min(ts)
 
 
@@ -263,6 +310,7 @@ def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float
     t_start = time.perf_counter()
     dev, N = model.device, max(1, int(window))
     V, M = spec.vocab_size, spec.mask_token_id
+    clk = clock_for(dev)
     g = torch.Generator().manual_seed(0)
 
     def toks(B: int, T: int) -> torch.Tensor:
@@ -280,7 +328,7 @@ def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float
     def dense(B: int, cache, P: int) -> float:
         x = toks(B, N)
         pos = torch.arange(P, P + N, device=dev)
-        return _time(lambda: model.forward_many([Forward(x, pos, cache, None, False, None, head_rows=none)]))
+        return _time(lambda: model.forward_many([Forward(x, pos, cache, None, False, None, head_rows=none)]), clock=clk)
 
     P0, P1 = N, 8 * N
     c0, c1 = prefix(P0), prefix(P1)
@@ -306,7 +354,7 @@ def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float
         f = [max(MIN_SECONDS, t - c_attn * r * (P0 + N)) for t, r in zip(f, grid)]
         H = 8 * N
         x = torch.randn(H, spec.hidden_size, generator=g).to(dev, model.dtype)
-        c_head = _time(lambda: read_rows(model.head(x).reshape(H, -1), M, Read())) / H
+        c_head = _time(lambda: read_rows(model.head(x).reshape(H, -1), M, Read()), clock=clk) / H
         m = CostModel(grid, f, c_attn, c_head)
         for k in range(1, len(m.f)):
             m.f[k] = max(m.f[k], m.f[k - 1])
@@ -337,7 +385,7 @@ def _calibrate_fold(m: CostModel, model, verifier, toks, cache, P: int, N: int, 
                      head_rows=torch.zeros(0, dtype=torch.long, device=dev))
         t0 = time.perf_counter()
         out: list = []
-        t = _time(lambda: out.append(verifier.verify_many([fw])))
+        t = _time(lambda: out.append(verifier.verify_many([fw])), clock=clock_for(dev))
         budget_s -= time.perf_counter() - t0
         st = out[-1][0].stats or {}
         rho = sum(st.get("folded", [0])) / max(1, sum(st.get("positions", [0])))

@@ -142,28 +142,32 @@ class Engine:
     def step(self) -> list[RequestDelta]:
         deltas, self._aborted = self._aborted, []
         touched: list[Request] = []
+        self.budget.start_step()
         with torch.inference_mode():
             for req in self.scheduler.admit(self.waiting, self.running):
                 self.program.start(req, self.new_cache)
             plans, predicted = self._plan(touched)
             chosen = self.scheduler.select(plans)
             jobs = [j for _, js in chosen for j in js]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), self.budget.clock()
             results = self.runner.run(jobs)
             dt = time.perf_counter() - t0
-            self.budget.observe(jobs, dt, results)
+            self.budget.observe(jobs, self.budget.clock() - c0, results)
             i = 0
             for req, js in chosen:
                 for j in js:
                     if j.kind == "verify":
                         self.budget.record(len(j.tokens) - 1)
                 req.counters.model_seconds += dt
-                req.counters.predicted_seconds += predicted or 0.0
                 self.program.update(req, results[i: i + len(js)])
                 i += len(js)
                 touched.append(req)
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
+            measured = self.budget.end_step()  # the whole step, on the cost model's clock
+            for req, _ in chosen:
+                req.counters.predicted_seconds += predicted or 0.0
+                req.counters.measured_seconds += measured
         self.steps += 1
         for req in dict.fromkeys(touched):
             d = self._delta(req)

@@ -78,7 +78,7 @@ def _budgets(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for k, n in (ex.get("draft_budgets") or {}).items():
             dist[int(k)] += n
         pred += ex.get("predicted_seconds") or 0.0
-        meas += ex.get("model_seconds") or 0.0
+        meas += (ex.get("measured_seconds") if "measured_seconds" in ex else ex.get("model_seconds")) or 0.0
     n = sum(dist.values())
     return {"budgets": dict(sorted(dist.items())), "mean_budget": sum(k * v for k, v in dist.items()) / n if n else None,
             "predicted_over_measured": pred / meas if pred and meas else None}

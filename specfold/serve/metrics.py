@@ -71,7 +71,7 @@ class ServerMetrics:
         self.predicted = Counter("specfold:step_seconds_predicted", "Predicted seconds of the steps of the "
                                  "finished requests (auto draft budgets).", registry=r)
         self.measured = Counter("specfold:step_seconds_measured", "Measured seconds of the steps of the "
-                                "finished requests.", registry=r)
+                                "finished requests (the cost model's clock, host work included).", registry=r)
 
     def track(self, arrival: float, prompt_lengths: list[int]) -> "Tracker":
         """An accepted HTTP request: one engine request per prompt length (in choice order)."""
@@ -92,7 +92,7 @@ class ServerMetrics:
                 self.budget.observe(int(k))
         self.verified.inc(ex.get("drafts_verified", 0))
         self.predicted.inc(ex.get("predicted_seconds", 0.0))
-        self.measured.inc(ex.get("model_seconds", 0.0))
+        self.measured.inc(ex.get("measured_seconds", 0.0))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

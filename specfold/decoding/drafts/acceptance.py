@@ -3,11 +3,18 @@
 A draft node i (a Spiffy graph node; FreeDave's chain node = its depth) is *hit* in a verification
 when the main trajectory, advancing through stored states without a forward, reaches node i's state:
 that rule step then costs no forward. `p(i)` estimates P(hit | verified) per node, as a Beta
-posterior: the prior is the calibration's `hit_rate_estimate` (graph meta, the fraction of calibration
-roots whose trajectory followed node i's path) with `PRIOR_WEIGHT` pseudo-observations, or, without
-calibration (FreeDave chains), `CHAIN_PRIOR`**depth with weight `CHAIN_WEIGHT`; it is refined online
-with the hits and verifications the block program counts (`drafted`, `hit`). `optimistic(i)` adds one
-posterior standard deviation: a chooser that uses it tries a node until it knows it does not pay.
+posterior refined online with the hits and verifications the block program counts (`drafted`,
+`hit`). Its prior is hierarchical, so a node that was never verified still learns from its
+ancestors: a root child's prior is the calibration's `hit_rate_estimate` (graph meta: the fraction of
+calibration roots whose trajectory followed the node's path), `PRIOR_WEIGHT` pseudo-observations; a
+deeper node's prior is its parent's current estimate times the calibration's ratio of the two
+(node / parent). A FreeDave chain has no calibration: depth 1 starts at `CHAIN_PRIOR`, and depth d
+at p(d-1) times the conditional rate last seen one level up, p(d-1) / p(d-2) (each further token
+accepted as often as the previous one), `CHAIN_WEIGHT` pseudo-counts. So once depth 1 is known
+(on a confident model, under the one-token static rule, it is reached most of the time), depth 2 is
+expected at about its square without ever having been tried, and is tried where that pays.
+The chooser uses the posterior mean; `optimistic(i)` (one posterior deviation above) is kept for
+reports.
 
 Acceptance also varies with the step: a draft whose filled positions the parent step scored with
 high confidence is reached more often. So each draft also carries a confidence bucket (`bucket`: the
@@ -44,10 +51,16 @@ def bucket(conf: float, kind: str = "max_prob") -> int:
 
 class Acceptance:
     def __init__(self, priors: dict[int, tuple[float, float]] | None = None, tau: float = 1.0,
-                 tau_fixed: bool = False, default: tuple[float, float] = (DEFAULT_PRIOR, CHAIN_WEIGHT)):
-        """`priors`: node -> (prior hit rate, pseudo-count weight)."""
+                 tau_fixed: bool = False, default: tuple[float, float] = (DEFAULT_PRIOR, CHAIN_WEIGHT),
+                 parents: dict[int, int] | None = None, chain: bool = False):
+        """`priors`: node -> (prior hit rate, pseudo-count weight); `parents`: node -> its parent node
+        (0 = the root; absent: the root), for the hierarchical prior; `chain`: FreeDave's chain
+        (depth d's parent is d - 1; its prior extrapolates the conditional rate one level up)."""
         self.priors = dict(priors or {})
         self.default = default
+        self.parents = dict(parents or {})
+        self.chain = chain
+        self._memo: dict = {}
         self.hits: dict = {}  # node -> hits, (node, bucket) -> hits
         self.tries: dict = {}
         self.tau_fixed = tau_fixed
@@ -55,10 +68,29 @@ class Acceptance:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ estimates
+    def prior(self, node: int) -> float:
+        """The hierarchical prior mean of `node` (its ancestors' current estimates, see above)."""
+        p0, _ = self.priors.get(node, self.default)
+        par = self.parents.get(node, 0)
+        if par <= 0 or par == node:
+            return p0
+        pp = self.p(par)
+        if self.chain:
+            gp = self.parents.get(par, 0)
+            up = self.p(gp) if gp > 0 and gp != par else 1.0
+            return min(1.0, pp * (pp / up if up > 0 else 0.0))
+        ref, _ = self.priors.get(par, self.default)
+        return min(1.0, pp * (p0 / ref)) if ref > 0 else p0
+
     def _ab(self, node: int) -> tuple[float, float]:
-        p, w = self.priors.get(node, self.default)
+        key = ("ab", node)
+        got = self._memo.get(key)
+        if got is not None:
+            return got
+        p, w = self.prior(node), self.priors.get(node, self.default)[1]
         h, n = self.hits.get(node, 0.0), self.tries.get(node, 0.0)
-        return p * w + h, (1.0 - p) * w + (n - h)
+        got = self._memo[key] = (p * w + h, (1.0 - p) * w + (n - h))
+        return got
 
     def _abb(self, node: int, b: int | None) -> tuple[float, float]:
         if b is None:
@@ -92,11 +124,13 @@ class Acceptance:
     # ------------------------------------------------------------------ online counts
     def drafted(self, node: int, b: int | None = None) -> None:
         with self._lock:
+            self._memo = {}
             for k in (node, (node, b)) if b is not None else (node,):
                 self.tries[k] = self.tries.get(k, 0.0) + 1.0
 
     def hit(self, node: int, b: int | None = None) -> None:
         with self._lock:
+            self._memo = {}
             for k in (node, (node, b)) if b is not None else (node,):
                 self.hits[k] = self.hits.get(k, 0.0) + 1.0
 
@@ -110,7 +144,7 @@ class Acceptance:
         """Per node: prior, online hits / verifications and the current estimate."""
         nodes = sorted(set(self.priors) | {k for k in self.tries if isinstance(k, int)})
         return {"tau": self.tau,
-                "nodes": {n: {"prior": self.priors.get(n, self.default)[0], "hits": self.observed(n)[0],
+                "nodes": {n: {"prior": self.prior(n), "hits": self.observed(n)[0],
                               "verified": self.observed(n)[1], "p": self.p(n)} for n in nodes}}
 
 
@@ -136,7 +170,9 @@ def acceptance_for(key: tuple, graph, tau: float, tau_fixed: bool) -> Acceptance
     with _REG_LOCK:
         acc = _REGISTRY.get(key)
         if acc is None:
-            acc = _REGISTRY[key] = Acceptance(graph_priors(graph), tau, tau_fixed)
+            parents = {i: n.parent for i, n in enumerate(graph.nodes, start=1)} if graph is not None else {}
+            chain = graph is not None and graph.meta.get("kind") == "chain"
+            acc = _REGISTRY[key] = Acceptance(graph_priors(graph), tau, tau_fixed, parents=parents, chain=chain)
         return acc
 
 
