@@ -157,21 +157,32 @@ def _command(argv: list[str]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; every user error ends as one line on stderr (see the module docstring)."""
+    """Run one command; every user error ends as one line on stderr (see the module docstring). The
+    signal handlers come first: from here on Ctrl-C and SIGTERM end in one line wherever they land."""
+    try:
+        with handling_signals():  # SIGINT/SIGTERM unwind as exceptions (interrupts.py)
+            return _run(sys.argv[1:] if argv is None else list(argv))
+    except KeyboardInterrupt:
+        print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(("\n" if sys.stderr.isatty() else "") + "terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+
+
+def _run(argv: list[str]) -> int:
     import warnings
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
     from specfold.errors import SpecfoldError
     from specfold.extras import MissingExtraError, extra_of, hint, require
-    argv = sys.argv[1:] if argv is None else list(argv)
     command = _command(argv)
     prog = f"specfold {command}" if command else "specfold"
     try:
-        with handling_signals():  # SIGINT/SIGTERM unwind as exceptions (interrupts.py)
-            extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
-            if extra is not None:
-                require(extra, prog)
-            a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
-            return a.func(a) or 0
+        extra = next((e for n, _m, _h, e in _PLUGINS if n == command), None)
+        if extra is not None:
+            require(extra, prog)
+        a = build_parser(command or "").parse_args(argv)  # "": no plugin needed (e.g. `specfold --help`)
+        return a.func(a) or 0
     except MissingExtraError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -191,12 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"error: {where}{e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print(("\n" if sys.stderr.isatty() else "") + "terminated", file=sys.stderr)
-        return EXIT_TERMINATED
 
 
 def lm_eval_main() -> int:

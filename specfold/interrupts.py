@@ -14,7 +14,9 @@ Invariants:
   everything else are interrupted at once.
 - Only the process that installed the handlers raises: a forked child (a worker) gets Python's
   own behaviour (KeyboardInterrupt on SIGINT, death on SIGTERM).
-- The previous handlers come back when the block ends; outside the main thread nothing is installed.
+- The handlers are installed with both signals blocked, so a signal that arrives meanwhile is
+  raised inside the block (never between the two installs, never lost); the previous handlers come
+  back when the block ends; outside the main thread nothing is installed.
 """
 from __future__ import annotations
 
@@ -78,10 +80,16 @@ def handling_signals():
         yield
         return
     handler = _Handler()
-    saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM)
+    saved = {}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # installed as one step: a signal now waits
     try:
+        for s in signals:
+            saved[s] = signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a signal that waited is raised here, in the block
         yield
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # (when the installs themselves were interrupted)
         for t in handler.timers:  # a signal still deferred when the command ended: it has nothing left to stop
             t.cancel()
         for s, old in saved.items():

@@ -6,8 +6,10 @@ requests, a decode step, the progress bar, printing the outputs.
 
 Most interrupts hit forks of one process that has already imported torch and specfold, each fork
 running `specfold.cli.main` on the same argv as the console script would (50 random points, so the
-test takes a minute, not the half hour of 50 fresh interpreters). A few fresh `python -m specfold`
-processes check the real exit path (interpreter shutdown included).
+test takes a minute, not the half hour of 50 fresh interpreters). A fork's clock starts when
+`main` has installed its signal handlers (the child says so), so every interrupt lands in the
+product, none in the harness's own code before it. A few fresh `python -m specfold` processes check
+the real exit path (interpreter shutdown included).
 """
 from __future__ import annotations
 
@@ -42,10 +44,26 @@ def _argv(prompts: Path) -> list[str]:
             "--threads", "1"]
 
 
+def _announce_handlers(ready_w: int) -> None:
+    """In the child: a thread that writes to `ready_w` once the product's signal handlers are
+    installed (`specfold.cli.main` installs them first thing), so that no interrupt lands in the
+    test's own code before them (that would be this harness's traceback, not the product's)."""
+    import threading
+
+    from specfold.interrupts import _Handler
+
+    def watch():
+        while not isinstance(signal.getsignal(signal.SIGINT), _Handler):
+            time.sleep(0.001)
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _fork_main(argv: list[str], out: Path) -> int:
     """Run `main(argv)` in a fork with stdout/stderr to files; the child exits as the console
-    script would (an escaping exception prints its traceback and exits 1). Returns once the child
-    is about to call main (its delay starts then)."""
+    script would (an escaping exception prints its traceback and exits 1). Returns once main has
+    installed its signal handlers (the child's delay starts then; the parent sends nothing before)."""
     ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid:
@@ -64,7 +82,7 @@ def _fork_main(argv: list[str], out: Path) -> int:
         sys.stdout = open(1, "w", closefd=False)
         sys.stderr = open(2, "w", closefd=False)
         from specfold.cli import main
-        os.write(ready_w, b"1")
+        _announce_handlers(ready_w)
         rc = main(argv)
         sys.stdout.flush()
         sys.stderr.flush()
