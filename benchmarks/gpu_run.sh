@@ -5,6 +5,7 @@
 #   vanilla / Spiffy / FreeDave / SpecFold, plain and eager, under the model's own rule; then
 #   benchmarks/gpu_engine.py: the engine at batch 1, 16 and 64, CUDA graphs off and on
 #   (EngineConfig(cuda_graphs=...), each engine warmed up by one pass first), with host syncs per step counted;
+#   then tests/test_static_shapes.py -k cuda_graphs (graphs = eager, token for token, float64);
 #   then benchmarks/draft_budgets.py on the 0.5B copy: auto draft budgets against fixed ones (0, 2, 7)
 #   and vanilla at batch 1 and 16, with the budgets auto chose there.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
@@ -31,6 +32,10 @@ $PY benchmarks/gpu_specfold.py "${models[@]}" "${extra[@]}" --out "$OUT/gpu_spec
 eng=()
 [ "${QUICK:-0}" = 1 ] && eng=(--device cpu --batches 1,4 --max-new-tokens 16 --methods vanilla,specfold --static)
 $PY benchmarks/gpu_engine.py "${models[@]}" "${eng[@]}" --out "$OUT/gpu_engine.md" 2>&1 | tee "$OUT/gpu_engine.log"
+# CUDA graphs against the eager engine, token for token in float64 (skipped without CUDA or pytest)
+if [ "${QUICK:-0}" != 1 ]; then
+    $PY -m pytest -q -p no:cacheprovider tests/test_static_shapes.py -k cuda_graphs 2>&1 | tee "$OUT/cuda_graphs_test.log" || true
+fi
 bud=(--checkpoints "$work/tiny-0.5b" --device cuda --rules native --batches 1,16 --n 4 --rounds 1
      --max-new-tokens 32 --budgets auto,0,2,7)
 [ "${QUICK:-0}" = 1 ] && bud=(--checkpoints "$work/tiny-0.5b" --device cpu --rules static --batches 1 --n 1 --rounds 1

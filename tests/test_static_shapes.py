@@ -25,7 +25,6 @@ from specfold.errors import ConfigError, ParamsError
 from specfold.models.forward import Forward
 from specfold.models.pool import KVPool, SlotCache
 from specfold.models.static import META, window_masks
-from tests.causal_helpers import nld_checkpoint
 
 MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
                     Node(2, ((0, 0), (1, 0))), Node(0, ((0, 0), (1, 0))), Node(3, ((0, 0),))])
@@ -171,6 +170,7 @@ def test_engine_same_samples(bc, method):
 
 @pytest.fixture(scope="module")
 def nld(tmp_path_factory):
+    from tests.causal_helpers import nld_checkpoint  # (transformers: not needed by the CUDA test)
     folder = nld_checkpoint(tmp_path_factory.mktemp("nld"), focus=2.0, mask_like=15, mask_mix=0.7, layer_scale=0.6)
     return LLM(folder, dtype="float64", overrides={"stop_token_ids": [94]})
 
@@ -266,3 +266,28 @@ def test_cli_flags(capsys):
                            (("--static-shapes", "--max-seq-len", "8"), "exceed the static KV pool's")):
         rc, _, err = _cli(capsys, *base, *extra)
         assert rc == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device (benchmarks/gpu_run.sh runs this)")
+@pytest.mark.parametrize("method", ["vanilla", "spiffy", "specfold"])
+def test_cuda_graphs_same_tokens_float64(method):
+    """On a GPU, in float64 (the tiny model): the captured graphs give the eager engine's tokens and
+    forward counts; a second run on the same engine replays without capturing again."""
+    llm = LLM("tiny", dtype="float64", device="cuda")
+    base = EngineConfig(draft_budget=64, max_num_seqs=8, **METHODS[method])
+    want, _ = _run(llm, base, PROMPTS, MAX_NEW)
+    eng = llm.engine(base.replace(cuda_graphs=True, max_seq_len=64))
+    for rnd in range(2):
+        ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+        outs = {}
+        captured = eng.runner.static.captures
+        while eng.has_unfinished():
+            for d in eng.step():
+                if d.finished:
+                    outs[d.request_id] = d.output
+        assert [outs[i].token_ids for i in ids] == [w.token_ids for w in want], rnd
+        assert [outs[i].stats.nfe for i in ids] == [w.stats.nfe for w in want], rnd
+        assert eng.runner.static.captures > 0
+        if rnd == 1:
+            assert eng.runner.static.captures == captured  # the same buckets: replays only
+    assert eng.pool.free_slots == 8

@@ -12,7 +12,8 @@ With `cuda_graphs` on a CUDA model, the first use of a bucket warms `static_forw
 stream and captures it into a `torch.cuda.CUDAGraph` (all graphs share one memory pool, as
 nano-vllm and SGLang do per batch size); later uses replay it. The head of a group runs right after
 its replay, so a later replay in the same step (same pool) can never overwrite hidden states still
-to be read. Graphs are dropped and captured again if the model's weight tensors were replaced
+to be read. At most `MAX_GRAPHS` graphs are held; later buckets run without one. The capture is
+thread-local (the server's other threads may use CUDA meanwhile). Graphs are dropped and captured again if the model's weight tensors were replaced
 (the fold verifier fuses q/k/v weights into new tensors when it is built). Elsewhere the same
 function runs eagerly over the same buffers, so the CPU tests exercise the fill, pad and slice path.
 The capture itself is unverified until a GPU run (docs/DESIGN.md).
@@ -34,6 +35,9 @@ from specfold.models.static import META, StaticBatch, static_forward
 from specfold.models.transformer import Transformer
 
 
+MAX_GRAPHS = 256  # graphs held at once; buckets past it run the same function without a graph
+
+
 @dataclass(slots=True)
 class Bucket:
     ints: torch.Tensor  # the one input buffer; `batch` holds views of it
@@ -49,6 +53,7 @@ class StaticRunner:
         self._mempool = None
         self._weights: list[int] | None = None
         self.captures = 0  # graphs captured (statistics)
+        self._dropped = 0  # of those, dropped (the weights changed)
         self.forwards = 0  # forwards run with static shapes (statistics)
         self.rows = [0, 0]  # packed rows asked for, and computed after padding (statistics)
 
@@ -114,6 +119,8 @@ class StaticRunner:
             return static_forward(self.model, self.pool, b.batch)
         self._check_weights()
         if b.graph is None:
+            if self.captures - self._dropped >= MAX_GRAPHS:  # bounded graph memory: the rest run unreplayed
+                return static_forward(self.model, self.pool, b.batch)
             self._capture(b)
         b.graph.replay()
         return b.out
@@ -123,7 +130,7 @@ class StaticRunner:
         if ptrs != self._weights:
             for b in self.buckets.values():
                 b.graph, b.out = None, None
-            self._weights = ptrs
+            self._dropped, self._weights = self.captures, ptrs
 
     def _capture(self, b: Bucket) -> None:
         """Warm up on a side stream (the real inputs: the writes are idempotent), then capture into
@@ -134,7 +141,7 @@ class StaticRunner:
             static_forward(self.model, self.pool, b.batch)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
+        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
             b.out = static_forward(self.model, self.pool, b.batch)
         if self._mempool is None:
             self._mempool = graph.pool()
