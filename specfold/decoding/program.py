@@ -469,7 +469,7 @@ class BlockProgram:
         cnt.eager_windows += int(v.extra > 0)
         st.node_bucket = {}
         if st.parent is not None:  # a block's first step cannot draft: it says nothing
-            st.drafting = bool(v.drafts)
+            st.drafting = bool(v.drafts) or bool(getattr(req, "still_drafting", None))
         for i, d in enumerate(v.drafts):
             cnt.node_drafts[d.node] += 1
             if self.acceptance is not None:

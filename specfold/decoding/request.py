@@ -81,6 +81,9 @@ class DecodeRequest:
         self.output_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.draft_budget: int | None = None  # causal programs: the cap on alternative drafts (None = no cap)
         self.draft_pick: list[int] | None = None  # block program: the drafts to verify this step (None = all)
+        # the chooser's word on whether this request still drafts when it verifies none this step (True:
+        # its drafts were worth nothing here, e.g. each completes the block; None: drafts chosen = drafting)
+        self.still_drafting: bool | None = None
         self.state = None  # the program's typed per-request state
         self.cache = None  # the request's PrefixCache (the program makes it)
 

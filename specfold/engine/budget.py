@@ -125,8 +125,14 @@ class BudgetChooser:
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items) if wanted else []):
             picks[k].append(j)
-        for k in wanted:
-            self._outcome(live[k][0], bool(picks[k]))
+        for r, _ in live:
+            r.still_drafting = None
+        for k in wanted:  # drafts that were all worth nothing here (each completes the block) are no
+            # sign that drafting does not pay: no back-off, and the next step's material is still read
+            if picks[k] or any(v > 0 for v, _, _ in items[k]):
+                self._outcome(live[k][0], bool(picks[k]))
+            else:
+                live[k][0].still_drafting = True
         F = F0
         for k, (r, p) in enumerate(live):
             r.draft_pick = sorted(picks[k])

@@ -4,9 +4,9 @@
   tokens/s.
 - `speed_vs_vanilla.png`: one bar pair per (task, method, setting) other than vanilla: tokens per
   forward and tokens/s as ratios to vanilla (1 = no gain), the figures the tables call (×v).
-- `speed_vs_batch.png` (rows at several batch sizes, `bench --batch-sizes`): one panel per task, tokens/s
-  against the batch size, one line per (method, setting: fixed or auto draft budget), vanilla as the
-  dashed black reference line.
+- `speed_vs_batch.png` (rows at several batch sizes, `bench --batch-sizes`): one panel per (task,
+  method), tokens/s against the batch size, one line per setting (fixed or auto draft budget; auto
+  bold), vanilla as the dashed black reference line in every panel.
 - `gain_vs_branches.png`, `gain_vs_graph_depth.png`, `gain_vs_draft_depth.png`: each written only
   when rows carry that sweep field: tokens/s as a ratio to vanilla against the number of branches B,
   the Spiffy graph depth D or the FreeDave chain depth d, one line per (task, method, other settings).
@@ -141,38 +141,49 @@ def plot_gain(rows: Sequence[dict[str, Any]], field: str, path: str | os.PathLik
 
 
 def plot_batch(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path | None:
-    """tokens/s against the batch size per (method, setting without the batch), vanilla dashed."""
+    """tokens/s against the batch size: one panel per (task, method), a line per setting of that
+    method without the batch (e.g. each draft budget; "auto" drawn bold), vanilla dashed in each."""
     if len({r.get("batch", 1) for r in rows}) < 2:
         return None
     strip = lambda st: ",".join(x for x in st.split(",") if not x.startswith("batch=")) or "default"  # noqa: E731
-    tasks = list(dict.fromkeys(r["task"] for r in rows))
-    keys = list(dict.fromkeys((r["method"], strip(r["setting"])) for r in rows if r["method"] != "vanilla"))
+    panels = list(dict.fromkeys((r["task"], r["method"]) for r in rows if r["method"] != "vanilla")) \
+        or list(dict.fromkeys((r["task"], r["method"]) for r in rows))
+    batches = sorted({r.get("batch", 1) for r in rows})
     plt = _pyplot()
-    style = _styles(plt, keys)
-    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.4), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        lines: dict[tuple, list] = defaultdict(list)
+    cols = min(3, len(panels))
+    nrow = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrow, cols, figsize=(4.6 * cols, 3.8 * nrow), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, (task, method) in zip(axes.flat, panels):
+        lines: dict[str, list] = defaultdict(list)
+        ref: list = []
         for r in rows:
-            if r["task"] == task:
-                lines[(r["method"], strip(r["setting"]))].append((r.get("batch", 1), r["tokens_per_second"]))
-        for key, pts in lines.items():
+            if r["task"] != task:
+                continue
+            if r["method"] == "vanilla":
+                ref.append((r.get("batch", 1), r["tokens_per_second"]))
+            elif r["method"] == method:
+                lines[strip(r["setting"])].append((r.get("batch", 1), r["tokens_per_second"]))
+        colours = _colours(plt, len(lines))
+        if ref:
+            ref.sort()
+            ax.plot([p[0] for p in ref], [p[1] for p in ref], color="black", ls="--", lw=1.6, zorder=5,
+                    label="vanilla")
+        for i, (setting, pts) in enumerate(lines.items()):
             pts.sort()
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-            if key[0] == "vanilla":
-                ax.plot(xs, ys, color="black", ls="--", lw=1.6, zorder=5)
-            else:
-                ax.plot(xs, ys, lw=1.1, markersize=5, **style[key])
+            auto = "auto" in setting
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colours[i], marker="o" if auto else ".",
+                    lw=2.6 if auto else 1.0, markersize=6 if auto else 5, zorder=6 if auto else 3,
+                    label=setting.replace("draft_budget=", "budget "))
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r.get("batch", 1) for r in rows}), [str(b) for b in sorted({r.get("batch", 1) for r in rows})])
-        ax.set_title(task)
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.set_title(f"{method} ({task})", fontsize=10)
         ax.set_xlabel("batch size (concurrent requests)")
-        ax.set_ylabel("tokens/s (dashed: vanilla)")
+        ax.set_ylabel("tokens/s")
         ax.set_ylim(bottom=0.0)
         ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color="black", ls="--", lw=1.6, label="vanilla")]
-    handles += [plt.Line2D([], [], markersize=5, label=m if st == "default" else f"{m} {st}", **style[(m, st)])
-                for m, st in keys]
-    fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+        ax.legend(fontsize=7, frameon=False)
     return _save(plt, fig, path)
 
 
