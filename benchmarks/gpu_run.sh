@@ -7,7 +7,8 @@
 #   (EngineConfig(cuda_graphs=...), each engine warmed up by one pass first), with host syncs per step counted;
 #   then tests/test_static_shapes.py -k cuda_graphs (graphs = eager, token for token, float64);
 #   then benchmarks/draft_budgets.py on the 0.5B copy: auto draft budgets against fixed ones (0, 2, 7)
-#   and vanilla at batch 1 and 16, with the budgets auto chose there.
+#   and vanilla at batch 1 and 16; each cell ends with a line per method saying which budgets auto
+#   chose there (drafts per verification: verifications) and its ratio to vanilla and the best fixed.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
 # PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md, $OUT/gpu_engine.md, $OUT/draft_budgets.json
 # and their logs. The cost model's calibration cache goes to $OUT/cache (XDG_CACHE_HOME).
