@@ -83,6 +83,18 @@ class SpecfoldLM(LM):
         self.pretrained = str(pretrained)
         self._device = device
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "SpecfoldLM":
+        """`--model_args` win over what lm-eval adds from its own flags (`--device`, whose default is
+        cuda:0, and the batch sizes): `device=cpu` in model_args is not a clash."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "SpecfoldLM":
+        from lm_eval import utils
+        return cls.create_from_arg_obj(utils.simple_parse_args_string(arg_string), additional_config)
+
     # ------------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         from tqdm import tqdm

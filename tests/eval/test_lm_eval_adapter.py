@@ -65,6 +65,15 @@ def test_no_loglikelihoods_and_bad_args(lm, checkpoint):
     assert truncate_at_stops("abc", ["", "z"]) == "abc"
 
 
+def test_model_args_device_wins_over_lm_evals_device_flag():
+    """lm-eval passes its --device (default cuda:0) beside --model_args; device=cpu there is no clash."""
+    lm = SpecfoldLM.create_from_arg_string("pretrained=tiny,device=cpu,threads=1",
+                                           {"batch_size": 4, "max_batch_size": None, "device": "cuda:0"})
+    assert lm.llm.model.device.type == "cpu" and lm._device == "cpu"
+    lm = SpecfoldLM.create_from_arg_obj({"pretrained": "tiny", "device": "cpu"}, {"device": "cuda:0"})  # lm-eval's CLI
+    assert lm._device == "cpu"
+
+
 def test_entry_point_without_lm_eval_gives_one_install_line():
     import subprocess
     import sys
