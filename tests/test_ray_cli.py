@@ -70,6 +70,18 @@ def test_bad_ray_flags_are_one_line(args, says):
     assert says in err
 
 
+def test_replicas_that_do_not_fit_the_local_cluster_are_one_line():
+    """The command starts its own local cluster (no --ray-address), finds it too small, says so in one
+    line of its own (Ray's start-up messages above it) and shuts the cluster down again."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("ray")
+    r = cli(["serve", "--model", "tiny", "--replicas", "2", "--replica-cpus", "512", "--port", "8999"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == "", r.stderr[-3000:]
+    assert lines[-1].startswith("error: 2 replica(s) of 512 CPU and 0 GPU need 1024 CPUs (the cluster has "), lines
+    assert not [x for x in lines if "Serve" in x], lines  # Serve was never started, nor stopped
+
+
 def test_autoscaling_bounds_map_onto_serves_config():
     pytest.importorskip("ray")
     from ray.serve.config import AutoscalingConfig

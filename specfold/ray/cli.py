@@ -171,8 +171,12 @@ def _deploy(config, a: argparse.Namespace) -> None:
 def _teardown(started: bool) -> None:
     import ray
     from ray import serve
+    from ray.serve.exceptions import RayServeException
     try:
-        serve.delete(APP_NAME)
+        try:
+            serve.delete(APP_NAME)
+        except RayServeException:  # no Serve on the cluster: refused before anything was deployed
+            return
         if started:
             serve.shutdown()
     finally:
