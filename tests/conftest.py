@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 import torch
@@ -43,3 +44,13 @@ def checkpoint(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the last test of the Ray modules in a row (once their fixtures are torn down), stop the
+    test cluster of tests/ray_helpers.py: the rest of the suite runs without its processes."""
+    yield
+    helpers = sys.modules.get("tests.ray_helpers")
+    if helpers is not None and (nextitem is None or not hasattr(nextitem.module, "ray_cluster")):
+        helpers.shutdown()

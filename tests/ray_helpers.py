@@ -2,8 +2,10 @@
 
 Started on first use with a small object store, no dashboard, Serve's throughput mode (as
 specfold/ray/cluster.py starts a local cluster) and 4 logical CPUs (two replicas and two Ray Data
-actors of one CPU each fit at once; the machine may have fewer cores), and shut down when the
-process exits. Other processes (the CLI under test) join it by its address.
+actors of one CPU each fit at once; the machine may have fewer cores). Other processes (the CLI
+under test) join it by its address. conftest.py shuts it down after the last test of a module that
+uses it when the next test's module does not (an idle cluster with Serve costs ~8 % of a core for
+the rest of the suite), and when the process exits; a later use starts it again.
 """
 from __future__ import annotations
 
@@ -30,8 +32,20 @@ def ray_cluster() -> str:
         import ray
         ctx = ray.init(num_cpus=4, object_store_memory=96 * 2**20, include_dashboard=False, log_to_driver=False)
         _state["address"] = ctx.address_info["gcs_address"]
-        atexit.register(ray.shutdown)
+        atexit.register(shutdown)
     return _state["address"]
+
+
+def shutdown() -> None:
+    """Stop Serve and the cluster of `ray_cluster` (if started)."""
+    if "address" not in _state:
+        return
+    import ray
+    from ray import serve
+    if "url" in _state:
+        serve.shutdown()
+    ray.shutdown()
+    _state.clear()
 
 
 def serve_url() -> str:
