@@ -13,6 +13,8 @@
 #             Spiffy and SpecFold (δ = 0.05) at draft_budget=auto;
 #   batch 16: 16 concurrent requests through one engine: vanilla, FreeDave, Spiffy, SpecFold
 #             (δ = 0.05) at budget 7 and auto.
+# CONFIGS=core (for the widened models: a fifth of the CPU time each): batch 1 without the eager
+# windows and δ = 0, auto for Spiffy and SpecFold only; batch 16 without FreeDave at auto.
 # SPECFOLD_PY (default: python) runs `-m specfold`; set PYTHONPATH to run another tree's code.
 # Tables: python benchmarks/fresh_report.py OUTDIR
 set -e
@@ -33,13 +35,19 @@ while [ "$lim" -le "$N" ]; do
     f="$OUT/$rule.jsonl"
     echo "$(date -u +%H:%M:%S) $rule, first $lim problems, load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/log.txt"
     # shellcheck disable=SC2086
-    {
+    if [ "$CONFIGS" = core ]; then
+      bench $R --limit "$lim" --out "$f" --methods vanilla,freedave,spiffy --sweep draft_budget=7 --sweep eager=false
+      bench $R --limit "$lim" --out "$f" --methods vanilla,specfold --sweep draft_budget=7 --sweep delta=0.05,0.1
+      bench $R --limit "$lim" --out "$f" --methods vanilla,spiffy,specfold --sweep draft_budget=auto
+      bench $R --limit "$lim" --out "$f" --methods vanilla,freedave,spiffy,specfold --sweep draft_budget=7 --batch-sizes 16
+      bench $R --limit "$lim" --out "$f" --methods vanilla,spiffy,specfold --sweep draft_budget=auto --batch-sizes 16
+    else
       bench $R --limit "$lim" --out "$f" --methods vanilla,freedave,spiffy --sweep draft_budget=7 --sweep eager=false,true
       bench $R --limit "$lim" --out "$f" --methods vanilla,specfold --sweep draft_budget=7 --sweep delta=0,0.05,0.1
       bench $R --limit "$lim" --out "$f" --methods vanilla,freedave,spiffy,specfold --sweep draft_budget=auto
       bench $R --limit "$lim" --out "$f" --methods vanilla,freedave,spiffy,specfold --sweep draft_budget=7,auto \
         --batch-sizes 16
-    }
+    fi
   done
   lim=$((lim + CHUNK))
 done
