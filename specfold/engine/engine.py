@@ -18,7 +18,9 @@ tokens. The program is the block program (decoding/program.py) or a causal one: 
 Invariants:
 - single-threaded: one caller drives `step()`; the server runs it in one background thread;
 - a request's tokens depend only on its prompt, its SamplingParams and the engine config, never on
-  its batch partners or when it joined (its program, rule order and generator are its own);
+  its batch partners or when it joined (its program, rule order and generator are its own); the
+  one exception is SpecFold at delta > 0 under auto draft budgets, where the drafts chosen for the
+  whole step decide which rows fold (an approximate method; README says so);
 - `abort` frees a request's cache at once; its final delta (finish_reason "abort") comes with the
   next `step()`;
 - the policy and verifier are built once, here; a request chooses only SamplingParams.
