@@ -5,7 +5,7 @@
 
 For each replica count, `specfold serve --model tiny --replicas N --replica-cpus 1` of this tree runs
 as a subprocess on a free port (it starts its own local Ray cluster and stops it on exit); after a
-warm-up, C clients send chat requests (held-out questions of the tiny model, greedy) one after
+warm-up (one request per client), C clients send chat requests (held-out questions of the tiny model, greedy) one after
 another, `--requests` in all, with serve_load.py's client. One server runs at a time (on a small
 machine an idle cluster's own processes take CPU from the one measured); the `--repeats` runs
 alternate (1, 2, 1, 2, ...) so that drift in the machine's load hits each alike, and the best run of
@@ -102,7 +102,7 @@ def main() -> int:
             proc = start(port, a.max_tokens, n, a.model)
             try:
                 url = f"http://127.0.0.1:{port}"
-                asyncio.run(load(url, questions, a.concurrency, 2 * a.concurrency, a.max_tokens))  # warm-up
+                asyncio.run(load(url, questions, a.concurrency, a.concurrency, a.max_tokens))  # warm-up
                 r = burst(url, n, questions, a)
             finally:
                 stop(proc)
