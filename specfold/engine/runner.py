@@ -24,7 +24,7 @@ from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import build_mask, is_full
 from specfold.decoding.readout import read_rows, split_rows
 from specfold.engine.graphs import StaticRunner
-from specfold.models.forward import Forward, ForwardResult
+from specfold.models.forward import Forward, ForwardResult, upload
 from specfold.models.transformer import Transformer
 
 
@@ -80,11 +80,7 @@ class ModelRunner:
         for g in groups:
             g.offset = len(flat)
             flat += g.ints
-        buf = torch.tensor(flat, dtype=torch.long)
-        if self.device.type == "cuda":
-            buf = buf.pin_memory().to(self.device, non_blocking=True)
-        elif buf.device != self.device:
-            buf = buf.to(self.device)
+        buf = upload(flat, self.device)
         out: list[Forward | None] = []
         o = 0
         for i, j in enumerate(jobs):

@@ -49,6 +49,7 @@ from specfold.kernels.backends import get_backend
 from specfold.kernels.fold_common import (GATE_EPS, LayerFoldStats, LayerWeights, check_parents, moe_ffn, rms_norm,
                                           rotate_half)
 from specfold.kernels.fold_torch import dense_attention, fused_qkv_rope, inherit_attention
+from specfold.models.forward import upload
 
 
 @dataclass(slots=True)
@@ -148,11 +149,7 @@ class PackPlan:
 def _upload(parts: list[list[int]], device: torch.device) -> list[Tensor]:
     """Host index lists -> device tensors (views of one buffer): one host-to-device copy, from pinned
     memory on CUDA."""
-    buf = torch.tensor([v for p in parts for v in p], dtype=torch.long)
-    if device.type == "cuda":
-        buf = buf.pin_memory().to(device, non_blocking=True)
-    elif buf.device != device:
-        buf = buf.to(device)
+    buf = upload([v for p in parts for v in p], device)
     out, o = [], 0
     for p in parts:
         out.append(buf[o: o + len(p)])

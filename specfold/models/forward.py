@@ -21,6 +21,15 @@ import torch
 from specfold.models.cache import PrefixCache
 
 
+def upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers -> one long tensor on `device`: one host-to-device copy, from pinned memory
+    (asynchronous) on CUDA."""
+    buf = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        return buf.pin_memory().to(device, non_blocking=True)
+    return buf if buf.device == device else buf.to(device)
+
+
 @dataclass(slots=True)
 class Forward:
     tokens: torch.Tensor  # [B, T] long, on the model's device
