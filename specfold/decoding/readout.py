@@ -69,17 +69,21 @@ def state_key(seed: int, start: int, state: list[int], position: int) -> int:
 
 def read_rows(logits: torch.Tensor, mask_id: int, r: Read) -> torch.Tensor:
     """logits [R, V] -> [R, r.width] float64 on the same device (no host read)."""
-    lg = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32).clone()
-    lg[:, mask_id] = float("-inf")
+    f = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    lg = logits.to(f).index_fill(1, _index(mask_id, logits.device), float("-inf"))  # a copy: logits stay
     logp = torch.log_softmax(lg, dim=-1)
-    probs = logp.exp()
+    probs = None  # made only for the reads that need every probability (see _conf)
     tok0 = lg.argmax(-1)
-    cols = [tok0.double(), _conf(probs, logp, tok0, r.kind)]
+    if r.kind == "max_prob" and not (r.topk and r.probs):
+        cols = [tok0.double(), _conf(None, logp, tok0, r.kind)]
+    else:
+        probs = logp.exp()
+        cols = [tok0.double(), _conf(probs, logp, tok0, r.kind)]
     if r.temperature > 0:
         lt = lg / r.temperature
         logpt = torch.log_softmax(lt, dim=-1)
         tokt = _gumbel(logpt.double(), r.keys)
-        cols += [tokt.double(), _conf(logpt.exp(), logpt, tokt, r.kind)]
+        cols += [tokt.double(), _conf(None if r.kind == "max_prob" else logpt.exp(), logpt, tokt, r.kind)]
     out = torch.stack(cols, dim=1)
     parts = [out]
     if r.topk:
@@ -97,9 +101,23 @@ def read_rows(logits: torch.Tensor, mask_id: int, r: Read) -> torch.Tensor:
     return torch.cat(parts, dim=1) if len(parts) > 1 else out
 
 
-def _conf(probs: torch.Tensor, logp: torch.Tensor, tok: torch.Tensor, kind: str) -> torch.Tensor:
+_INDEX: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _index(i: int, device: torch.device) -> torch.Tensor:
+    """A one-element index tensor on `device`, made once (no host-to-device copy per read)."""
+    key = (i, str(device))
+    t = _INDEX.get(key)
+    if t is None:
+        t = _INDEX[key] = torch.tensor([i], device=device)
+    return t
+
+
+def _conf(probs: torch.Tensor | None, logp: torch.Tensor, tok: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per row, the confidence of `tok`. max_prob is exp of the gathered log-probability: the same
+    number as gathering from exp(logp), without exponentiating every vocabulary entry."""
     if kind == "max_prob":
-        c = probs.gather(-1, tok[:, None])[:, 0]
+        c = logp.gather(-1, tok[:, None])[:, 0].exp()
     elif kind == "margin":
         top2 = probs.topk(min(2, probs.shape[-1]), dim=-1).values
         c = top2[:, 0] - top2[:, -1] if top2.shape[1] > 1 else top2[:, 0]

@@ -205,6 +205,8 @@ class Engine:
         req.finish(reason)
 
     def _delta(self, req: Request) -> RequestDelta | None:
+        if not req.finished and len(req.output_ids) == req.reported:
+            return None  # no final token since the last delta (most denoising steps): nothing to decode
         text, stopped = advance_text(self.tokenizer, req, req.finished)
         if stopped and not req.finished:
             self._finish(req, "stop")

@@ -22,7 +22,7 @@ import torch
 
 from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import build_mask, is_full
-from specfold.decoding.readout import read_rows, split_rows
+from specfold.decoding.readout import Read, read_rows, split_rows
 from specfold.engine.graphs import StaticRunner
 from specfold.models.forward import Forward, ForwardResult, upload
 from specfold.models.transformer import Transformer
@@ -123,16 +123,30 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ device -> host
     def _read(self, jobs: list[Job], logits: list[torch.Tensor | None]) -> list[list]:
-        parts, counts = [], []
-        for j, lg in zip(jobs, logits):
-            n = 0 if (j.read is None or lg is None) else lg.shape[0] * lg.shape[1]
-            counts.append(n)
-            if n:
-                parts.append(read_rows(lg.reshape(n, -1), self.M, j.read).reshape(-1))
-        flat = torch.cat(parts).tolist() if parts else []  # the step's one read
-        out, o = [], 0
-        for j, n in zip(jobs, counts):
-            w = j.read.width if n else 0
-            out.append(split_rows(flat[o: o + n * w], n, j.read) if n else [])
-            o += n * w
+        """Every job's read in one device-to-host copy. Jobs whose reads have the same layout share
+        one `read_rows` call over their concatenated rows (every read is row-wise, so a row's values
+        do not depend on its partners): a step issues as many read kernels for 16 requests as for 1."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (j, lg) in enumerate(zip(jobs, logits)):
+            if j.read is not None and lg is not None and lg.shape[0] * lg.shape[1]:
+                r = j.read
+                groups.setdefault((r.kind, r.temperature, r.topk, r.probs, r.logprobs), []).append(i)
+        parts, spans, o = [], {}, 0
+        for idx in groups.values():
+            rows = [logits[i].reshape(-1, logits[i].shape[-1]) for i in idx]
+            r0 = jobs[idx[0]].read
+            keys = None if r0.keys is None else [k for i in idx for k in jobs[i].read.keys]
+            read = Read(r0.kind, r0.temperature, r0.topk, r0.probs, keys, r0.logprobs)
+            parts.append(read_rows(rows[0] if len(rows) == 1 else torch.cat(rows), self.M, read).reshape(-1))
+            for i, x in zip(idx, rows):
+                spans[i] = (o, x.shape[0])
+                o += x.shape[0] * read.width
+        flat = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist() if parts else []  # the step's one read
+        out = []
+        for i, j in enumerate(jobs):
+            if i in spans:
+                a, n = spans[i]
+                out.append(split_rows(flat[a: a + n * j.read.width], n, j.read))
+            else:
+                out.append([])
         return out
