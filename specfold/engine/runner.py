@@ -1,9 +1,9 @@
 """The model runner: the jobs of one engine step -> their host results, in one packed model call,
 one host-to-device copy and one device-to-host read.
 
-1. Every job's integer data (branch tokens, head rows: shared window indices or per-branch flat
-   rows) goes to the device in ONE copy (from pinned
-   memory on CUDA); positions and masks are made on the device from each job's window start.
+1. Every job's integer data (branch tokens, positions, head rows: shared window indices or
+   per-branch flat rows) goes to the device in ONE copy (from pinned memory on CUDA); masks are
+   made on the device from the positions.
 2. With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit)
    runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
    `verifier.verify_many` and the rest through one `forward_many`. A root-only verification joins
@@ -76,6 +76,7 @@ class ModelRunner:
                 continue
             for t in j.tokens:
                 flat += t
+            flat += range(j.start, j.start + j.width)  # positions: in the same copy, no arange kernel
             flat += (j.rows_at if j.rows_at is not None else j.logits_at) or []
         for g in groups:
             g.offset = len(flat)
@@ -89,12 +90,12 @@ class ModelRunner:
                 continue
             B, T = len(j.tokens), j.width
             toks = buf[o: o + B * T].view(B, T)
-            o += B * T
+            pos = buf[o + B * T: o + B * T + T]
+            o += B * T + T
             sel = j.rows_at if j.rows_at is not None else j.logits_at
             k = len(sel or [])
             at = buf[o: o + k] if sel is not None else None
             o += k
-            pos = torch.arange(j.start, j.start + T, device=self.device)
             mask = None if is_full(j.mask, j.start, T) else build_mask(j.mask, pos)
             per_branch = j.rows_at is not None
             out.append(Forward(toks, pos, j.cache, mask, j.write_cache, None if per_branch else at, j.head,
