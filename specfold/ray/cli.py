@@ -136,14 +136,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     require("ray", "specfold serve --replicas")
     if not 1 <= a.port <= 65535:
         raise SpecfoldError(f"--port {a.port} is not a TCP port Ray Serve can listen on; accepted: 1-65535")
-    from specfold.ray.cluster import check_fits, connect
+    from specfold.ray.cluster import check_fits, connect, direct_ingress
     from specfold.ray.config import model_info
     config = serve_config(a)
     model_info(config.model_source, config.llm_kwargs["overrides"])  # a bad checkpoint: one line, now
-    started = connect(a.ray_address)
+    started = connect(a.ray_address, ingress_port=a.port)
     try:
         check_fits(config.bounds[0] or 1, config.num_cpus, config.num_gpus, strict=started)
-        _deploy(config, a)
+        _deploy(config, a, direct=started and direct_ingress())
         print(f"specfold: serving {config.name!r} on http://{a.host}:{a.port}/v1 with {config.initial_replicas} "
               f"replica(s) on Ray Serve (Ctrl-C stops)", file=sys.stderr, flush=True)
         while True:
@@ -152,15 +152,23 @@ def cmd_serve(a: argparse.Namespace) -> int:
         _teardown(started)
 
 
-def _deploy(config, a: argparse.Namespace) -> None:
+def _deploy(config, a: argparse.Namespace, direct: bool = False) -> None:
+    """Start Serve and run the app; `direct`: the ingress replica listens on --port itself
+    (cluster.py: direct ingress), and Serve's proxy, which must exist, on a free port."""
     import logging
+    import socket
 
     from ray import serve
 
     from specfold.ray.ingress import build_openai_app
     level = a.log_level.upper()
     logging.getLogger("ray.serve").setLevel(level)  # this process's Serve client messages
-    serve.start(http_options={"host": a.host, "port": a.port}, logging_config={"log_level": level})
+    port = a.port
+    if direct:
+        with socket.socket() as s:
+            s.bind((a.host, 0))
+            port = s.getsockname()[1]
+    serve.start(http_options={"host": a.host, "port": port}, logging_config={"log_level": level})
     try:
         serve.run(build_openai_app(config), name=APP_NAME, route_prefix="/", logging_config={"log_level": level})
     except RuntimeError as e:  # a replica failed to start (its error is in the replica's log)
