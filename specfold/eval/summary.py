@@ -92,7 +92,8 @@ def _approximate(method: str, params: dict) -> bool:
 
 
 def _outside(recs: Sequence[dict[str, Any]], secs: float) -> float | None:
-    """Share of the decode time spent outside the model's forwards (drafting, store, rules, loop):
+    """Share of the decode time spent outside the runner's model call (drafting, store, rules, loop;
+    the call itself includes building the step's device inputs and reading its scores back):
     1 - model seconds / seconds, over the group; None for records without the engine's timing."""
     model = [r.get("extra", {}).get("model_seconds") for r in recs]
     if secs <= 0 or any(m is None for m in model):
