@@ -2,7 +2,9 @@
 
 Invariants:
 - `connect` never starts a second cluster in a process: an already connected process keeps its
-  connection (tests and notebooks call the CLI functions in-process).
+  connection (tests and notebooks call the CLI functions in-process). Without an address (nor
+  `RAY_ADDRESS`, which is joined like `--ray-address`) it starts a new cluster, never joins one it
+  finds on the machine (it would then shut down a cluster it did not start).
 - A local cluster gets no dashboard, Ray's usage statistics are off, and Serve runs in Ray's
   throughput-optimised mode (`RAY_SERVE_THROUGHPUT_OPTIMIZED=1`: user code on the replica's event
   loop, gRPC between deployments; about a third less CPU per request on the way through Serve),
@@ -50,6 +52,9 @@ def connect(address: str | None = None, num_cpus: int | None = None,
     import ray
     if ray.is_initialized():
         return False
+    address = address or os.environ.get("RAY_ADDRESS") or None  # Ray's own variable: join that cluster
+    if address == "local":
+        address = None
     if address:
         try:
             ray.init(address=address, log_to_driver=False)
@@ -61,8 +66,8 @@ def connect(address: str | None = None, num_cpus: int | None = None,
         os.environ.update(direct_ingress_env(ingress_port))
     for k, v in SERVE_ENV.items():  # inherited by every process of the cluster
         os.environ.setdefault(k, v)
-    ray.init(num_cpus=num_cpus, object_store_memory=object_store_memory, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_memory,  # a new cluster,
+             include_dashboard=False, log_to_driver=False)  # never one found on the machine
     return True
 
 
