@@ -77,11 +77,13 @@ class Proposal:
                 if sc is not None:
                     conf.update(zip(sc.positions, sc.conf))
             root, M, n = self.root, self.mask_id, len(self.root)
+            open_ = [i for i in range(n) if root[i] == M]  # the root's masks: what a draft may fill
+            get = conf.get
             out = []
             for d in self.drafts:
                 t = d.tokens
-                lo = min((conf.get(i, 1.0) for i in range(len(t)) if t[i] != M and (i >= n or root[i] == M)),
-                         default=1.0)
+                lo = min([get(i, 1.0) for i in open_ if i < len(t) and t[i] != M]
+                         + [get(i, 1.0) for i in range(n, len(t)) if t[i] != M], default=1.0)
                 out.append(bucket(lo, self.kind))
             self._buckets = out
         return self._buckets

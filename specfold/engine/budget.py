@@ -110,20 +110,27 @@ class BudgetChooser:
             return self._last
         F0 = self._base(base, [p for _, p in live])
         tau, acc = self.acceptance.tau, self.acceptance
+        V0 = sum(min(tau, p.masked) for _, p in live)  # the roots' tokens
+        T0 = self.cost.predict(F0, host=True)  # the step without drafts
         parents = self.program.draft_tree()
         if parents is None:  # a policy without a graph: every request that may draft is drafted
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
         else:
-            wanted = self._worth_drafting(F0, live, parents)
+            wanted = self._worth_drafting(F0, live, parents, V0 / T0)
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
         items: list[list] = [[] for _ in live]
+        rate: dict = {}  # (node, bucket) -> acceptance estimate, this step
+        keep = 1 - MARGIN
         for k in wanted:
             p = live[k][1]
+            add, rows0 = items[k].append, p.root_rows - p.masked
             for d, m, b in zip(p.drafts, p.masks_left(), p.buckets()):
-                items[k].append((acc.p(d.node, b) * min(tau, m) * (1 - MARGIN), d.parent - 1,
-                                 max(1, p.root_rows - (p.masked - m))))
+                a = rate.get((d.node, b))
+                if a is None:
+                    a = rate[(d.node, b)] = acc.p(d.node, b)
+                add((a * min(tau, m) * keep, d.parent - 1, max(1, rows0 + m)))
         picks: list[list[int]] = [[] for _ in live]
-        for k, j in (self._best(F0, live, items) if wanted else []):
+        for k, j in (self._best(F0, live, items, V0, T0) if wanted else []):
             picks[k].append(j)
         for r, _ in live:
             r.still_drafting = None
@@ -141,7 +148,7 @@ class BudgetChooser:
                 n = len(picks[k])
                 F = F.plus(Shape(d.rows * n, d.attn * n, sum(items[k][j][2] for j in picks[k]), d.fold * n,
                                  d.fold_calls, 0, n))
-        self._last = self.cost.predict(F, host=True)
+        self._last = T0 if F is F0 else self.cost.predict(F, host=True)
         return self._last
 
     @staticmethod
@@ -177,9 +184,14 @@ class BudgetChooser:
         F = Shape()
         for j in base:
             F = F.plus(job_shape(j, self.folded, self.rho))
-        for p in props:
-            F = F.plus(Shape(p.width, p.width * (p.kv + p.width), p.root_rows, jobs=1))
-        return F
+        rows, attn, head, jobs = F.rows, F.attn, F.head, F.jobs
+        for p in props:  # the roots (the same sums as Shape.plus, without a Shape per root)
+            W = p.width
+            rows += W
+            attn += W * (p.kv + W)
+            head += p.root_rows
+            jobs += 1
+        return Shape(rows, attn, head, F.fold, F.fold_calls, jobs, F.drafts)
 
     def _delta(self, p: Proposal) -> Shape:
         """What one draft of `p` adds to the step's shape, head rows apart."""
@@ -189,36 +201,47 @@ class BudgetChooser:
             return Shape((1.0 - self.rho) * W, attn, 0.0, W, 1, 0, 1)
         return Shape(W, attn, 0.0, drafts=1)
 
-    def _worth_drafting(self, F0: Shape, live, parents: list[int]) -> list[int]:
+    def _worth_drafting(self, F0: Shape, live, parents: list[int], ratio: float | None = None) -> list[int]:
         """The requests whose drafts might pay: a draft's density is at most (the best node rate)
         × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
         request: f is sub-linear), and a set of drafts is only taken if its density beats the step
-        ratio without drafts. Cheap: no draft is made for the others."""
+        ratio without drafts (`ratio`: V0 / T0, when the caller has it). Cheap: no draft is made for
+        the others, and f is evaluated once per distinct draft row count (a full batch of one width:
+        twice in all)."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
         n = max(p.nodes for _, p in live)
         if not n:
             return []
         top = max(acc.p(i) for i in range(1, min(n, len(parents)) + 1))
-        full = F0
+        folded, keep = self.folded, 1.0 - self.rho
+        full_rows = F0.rows  # the rows with every node of every request
         for _, p in live:
-            d = self._delta(p)
-            full = full.plus(Shape(d.rows * p.nodes, d.attn * p.nodes, p.root_rows * p.nodes, d.fold * p.nodes,
-                                   d.fold_calls if p.nodes else 0, 0, p.nodes))
-        ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0, host=True)
+            full_rows = full_rows + (keep * p.width if folded else p.width) * p.nodes
+        if ratio is None:
+            ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0, host=True)
+        f_full = c.f_of(full_rows)
+        f_less: dict[float, float] = {}
+        c_attn, fold_row, c_head, host_draft = c.c_attn, c.fold_row, c.c_head, c.host_draft
         out = []
         for k, (_, p) in enumerate(live):
             if not p.nodes:
                 continue
-            d = self._delta(p)
-            marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
-                + c.fold_row * d.fold + c.c_head + c.host_draft
+            W = p.width
+            d_rows = keep * W if folded else W
+            fl = f_less.get(d_rows)
+            if fl is None:
+                fl = f_less[d_rows] = c.f_of(full_rows - d_rows)
+            marginal = max(f_full - fl, 1e-12) + c_attn * (W * (p.kv + W)) \
+                + fold_row * (W if folded else 0.0) + c_head + host_draft
             if top * min(tau, p.masked) / marginal > ratio:
                 out.append(k)
         return out
 
-    def _best(self, F0: Shape, live, per_req: list[list[tuple]]) -> list[tuple[int, int]]:
-        V0 = sum(min(self.acceptance.tau, p.masked) for _, p in live)
-        return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], self.max_rows)
+    def _best(self, F0: Shape, live, per_req: list[list[tuple]], V0: float | None = None,
+              T0: float | None = None) -> list[tuple[int, int]]:
+        if V0 is None:
+            V0 = sum(min(self.acceptance.tau, p.masked) for _, p in live)
+        return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], self.max_rows, t0=T0)
 
     # ------------------------------------------------------------------ after the step
     def start_step(self) -> None:
@@ -281,7 +304,7 @@ class BudgetChooser:
 
 
 def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]], deltas: list[Shape],
-                 max_rows: float = float("inf"), iterations: int = 8) -> list[tuple[int, int]]:
+                 max_rows: float = float("inf"), iterations: int = 8, t0: float | None = None) -> list[tuple[int, int]]:
     """The choice, by Dinkelbach's method for ratios: with λ the best step ratio found so far (start:
     no drafts, V0 / T0), every item weighs (expected tokens) - λ·(marginal seconds at the current
     choice), and the heaviest set closed under parents is found per request by one pass over its
@@ -290,48 +313,106 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     (V0 + Σ tokens) / predicted seconds becomes λ, until it stops improving. Exact for linear costs;
     with the sub-linear f it re-linearises at each choice. `per_req[k]`: request k's items (expected
     tokens, parent item index or -1, head rows), parents first; `deltas[k]`: what one of its drafts
-    adds, head rows apart -> the chosen (request, item index) pairs. Run from two linearisations (no
-    drafts, every draft), the better kept."""
-    every = _fit([(k, j) for k, items in enumerate(per_req) for j in range(len(items))], per_req, deltas, F0.rows, max_rows)
-    G, V = _shape(F0, V0, every, per_req, deltas)
-    best, chosen = V0 / c.predict(F0, host=True), []
-    if V / c.predict(G, host=True) > best:
-        best, chosen = V / c.predict(G, host=True), every
-    r, pre = _best_prefix(c, F0, V0, per_req, deltas, max_rows)
+    adds, head rows apart; `t0`: the predicted seconds of F0 (whole step), when the caller has them
+    -> the chosen (request, item index) pairs. Run from two linearisations (no drafts, every draft),
+    the better kept.
+
+    Host cost: shapes are plain tuples of floats here (no dataclass per item), the predicted seconds
+    of one shape are computed once, and f(rows) is evaluated once per distinct row count of an
+    iteration; the arithmetic is the same, term by term, as `CostModel.predict` on `Shape`s, so the
+    choice is the one the Shape-based version makes (tests/test_budget.py compares them)."""
+    c = _Memo(c)
+    S0 = _tup(F0)
+    T0 = _t(c, S0) if t0 is None else t0
+    dd = [(d.rows, d.attn, d.fold, d.fold_calls, d.drafts) for d in deltas]
+    every = [(k, j) for k, items in enumerate(per_req) for j in range(len(items))]
+    if max_rows != float("inf") and F0.rows + sum((d.fold or d.rows) * len(it) for d, it in zip(deltas, per_req)) <= max_rows:
+        max_rows = float("inf")  # every draft fits (rows are whole numbers): no subset needs cutting
+    every = _fit(every, per_req, deltas, F0.rows, max_rows)
+    G, V = _shape(S0, V0, every, per_req, dd)
+    best, chosen = V0 / T0, []
+    rG = V / _t(c, G)
+    if rG > best:
+        best, chosen = rG, every
+    r, pre, P = _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas)
     if r > best:
         best, chosen = r, pre
     # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
     # rows are cheaper in bulk, so the linearisation point matters)
-    for start in (F0, G, _shape(F0, V0, pre, per_req, deltas)[0]):
-        best, chosen = _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, start, best, chosen)
+    for start in (S0, G, P):
+        best, chosen = _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, start, best, chosen)
     return chosen
 
 
-def _best_prefix(c, F0, V0, per_req, deltas, max_rows) -> tuple[float, list[tuple[int, int]]]:
+class _Memo:
+    """The cost model's terms for one choice, f(rows) memoised (the same rows recur across the
+    linearisations and prefixes)."""
+    __slots__ = ("f_of", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job", "host_draft")
+
+    def __init__(self, c: CostModel):
+        memo: dict[float, float] = {}
+        f_of = c.f_of
+
+        def f(rows: float) -> float:
+            v = memo.get(rows)
+            if v is None:
+                v = memo[rows] = f_of(rows)
+            return v
+        self.f_of = f
+        self.c_attn, self.c_head, self.fold0, self.fold_row = c.c_attn, c.c_head, c.fold0, c.fold_row
+        self.host0, self.host_job, self.host_draft = c.host0, c.host_job, c.host_draft
+
+
+def _tup(F: Shape) -> tuple:
+    return (F.rows, F.attn, F.head, F.fold, F.fold_calls, F.jobs, F.drafts)
+
+
+def _t(c: CostModel, s: tuple) -> float:
+    """`c.predict(Shape(*s), host=True)`, term by term."""
+    rows, attn, head, fold, fc, jobs, drafts = s
+    t = c.f_of(rows) + c.c_attn * attn + c.c_head * head
+    if fc:
+        t += c.fold0 + c.fold_row * fold
+    return t + (c.host0 + c.host_job * jobs + c.host_draft * drafts)
+
+
+def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, list[tuple[int, int]], tuple]:
     """Items in an order whose every prefix is closed (groups of parent + denser descendants, sorted
-    by density at the base shape, each in list order) -> the best exact ratio over its prefixes."""
+    by density at the base shape, each in list order) -> the best exact ratio over its prefixes,
+    that prefix and its shape."""
     order: list[tuple] = []
+    rows0, fc0 = S0[0], S0[4]
+    f0 = c.f_of(rows0)
     for k, items in enumerate(per_req):
         if not items:
             continue
-        d = deltas[k]
-        marginal = (c.f_of(F0.rows + d.rows) - c.f_of(F0.rows) + c.c_attn * d.attn + c.fold_row * d.fold
-                    + c.host_draft * d.drafts + (c.fold0 if d.fold_calls and not F0.fold_calls else 0.0))
+        d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
+        marginal = (c.f_of(rows0 + d_rows) - f0 + c.c_attn * d_attn + c.fold_row * d_fold
+                    + c.host_draft * d_drafts + (c.fold0 if d_fc and not fc0 else 0.0))
         for g_v, g_c, members in _groups(items, [max(marginal + c.c_head * h, 1e-12) for _, _, h in items]):
             for j in members:
                 order.append((-g_v / g_c, k, members[0], j))
     order.sort()
-    pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, F0.rows, max_rows)
-    F, V = F0, V0
-    best, best_n = V0 / c.predict(F0, host=True), 0
+    pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, rows0, max_rows)
+    rows, attn, head, fold, fc, jobs, drafts = S0
+    V = V0
+    best, best_n, best_s = V0 / T0, 0, S0
     for n, (k, j) in enumerate(pick, start=1):
-        d = deltas[k]
+        d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
         v, _, h = per_req[k][j]
-        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
-        t = c.predict(F, host=True)
-        if V / t > best:
-            best, best_n = V / t, n
-    return best, pick[:best_n]
+        rows += d_rows
+        attn += d_attn
+        head += h
+        fold += d_fold
+        if d_fc > fc:
+            fc = d_fc
+        drafts += d_drafts
+        V += v
+        s = (rows, attn, head, fold, fc, jobs, drafts)
+        r = V / _t(c, s)
+        if r > best:
+            best, best_n, best_s = r, n, s
+    return best, pick[:best_n], best_s
 
 
 def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, list[int]]]:
@@ -362,18 +443,24 @@ def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, l
     return [(val[g], sec[g], mem[g]) for g in range(len(items)) if head[g] == g]
 
 
-def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chosen):
+def _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, F, best, chosen):
+    c_head = c.c_head
     for _ in range(iterations):
         pick = []
+        rows, fc = F[0], F[4]
+        f_here = c.f_of(rows)
+        f_next: dict[float, float] = {}  # f(rows + a draft's rows), per distinct draft rows
         for k, items in enumerate(per_req):
             if not items:
                 continue
-            d = deltas[k]
-            fold0 = c.fold0 if d.fold_calls and not F.fold_calls else 0.0
-            marginal = (c.f_of(F.rows + d.rows) - c.f_of(F.rows) + c.c_attn * d.attn + c.fold_row * d.fold
-                        + c.host_draft * d.drafts + fold0 / max(1, len(items)))
-            w = [v - best * (marginal + c.c_head * h) for v, _, h in items]
-            worth = list(w)
+            d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
+            fn = f_next.get(d_rows)
+            if fn is None:
+                fn = f_next[d_rows] = c.f_of(rows + d_rows)
+            fold0 = c.fold0 if d_fc and not fc else 0.0
+            marginal = (fn - f_here + c.c_attn * d_attn + c.fold_row * d_fold
+                        + c.host_draft * d_drafts + fold0 / max(1, len(items)))
+            worth = [v - best * (marginal + c_head * h) for v, _, h in items]
             for j in range(len(items) - 1, -1, -1):  # children come after parents: bottom-up
                 par = items[j][1]
                 if par >= 0 and worth[j] > 0:
@@ -383,26 +470,36 @@ def _dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chose
                 if worth[j] > 0 and (par < 0 or par in taken):
                     taken.add(j)
                     pick.append((k, j))
-        pick = _fit(pick, per_req, deltas, F0.rows, max_rows)
-        G, V = _shape(F0, V0, pick, per_req, deltas)
-        r = V / c.predict(G, host=True)
+        pick = _fit(pick, per_req, deltas, S0[0], max_rows)
+        G, V = _shape(S0, V0, pick, per_req, dd)
+        r = V / _t(c, G)
         if r <= best * (1 + 1e-12):
             break
         best, chosen, F = r, pick, G
     return best, chosen
 
 
-def _shape(F0: Shape, V0: float, pick, per_req, deltas) -> tuple[Shape, float]:
-    F, V = F0, V0
+def _shape(S0: tuple, V0: float, pick, per_req, dd) -> tuple[tuple, float]:
+    rows, attn, head, fold, fc, jobs, drafts = S0
+    V = V0
     for k, j in pick:
-        d = deltas[k]
+        d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
         v, _, h = per_req[k][j]
-        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
-    return F, V
+        rows += d_rows
+        attn += d_attn
+        head += h
+        fold += d_fold
+        if d_fc > fc:
+            fc = d_fc
+        drafts += d_drafts
+        V += v
+    return (rows, attn, head, fold, fc, jobs, drafts), V
 
 
 def _fit(pick, per_req, deltas, rows0: float, max_rows: float):
     """The pick cut to the row budget: drafts in list order, per request in turn (closed)."""
+    if max_rows == float("inf") or not pick:
+        return pick
     rows = rows0 + sum((deltas[k].fold or deltas[k].rows) for k, _ in pick)
     if rows <= max_rows:
         return pick

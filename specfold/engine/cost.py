@@ -46,6 +46,7 @@ import json
 import os
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,16 +110,16 @@ class CostModel:
     def _interp(self, rows: float) -> tuple[int, float]:
         """(segment i, weight of grid[i+1]) for `rows`: linear inside, extrapolated past the ends."""
         g = self.grid
-        i = 0
-        while i < len(g) - 2 and rows > g[i + 1]:
-            i += 1
+        i = min(len(g) - 2, bisect_left(g, rows, 1) - 1)  # the first segment that ends at or past rows
         return i, (rows - g[i]) / (g[i + 1] - g[i])
 
     def f_of(self, rows: float) -> float:
         if rows <= 0:
             return 0.0
-        i, w = self._interp(rows)
-        return max(MIN_SECONDS, (1 - w) * self.f[i] + w * self.f[i + 1])
+        g, f = self.grid, self.f
+        i = min(len(g) - 2, bisect_left(g, rows, 1) - 1)  # as _interp, inlined (the chooser's hot path)
+        w = (rows - g[i]) / (g[i + 1] - g[i])
+        return max(MIN_SECONDS, (1 - w) * f[i] + w * f[i + 1])
 
     def predict(self, s: Shape, host: bool = False) -> float:
         """Seconds of the step's model call; `host`: of the whole step (its host work too)."""
@@ -146,17 +147,29 @@ class CostModel:
         e = max(-CLIP * pred, min(CLIP * pred, seconds - pred))
         e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
         i, w = self._interp(s.rows)
-        fold = 1.0 if s.fold_calls else 0.0
-        terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head),
-                 ("fold0", None, fold), ("fold_row", None, s.fold * fold)]
-        vals = [(n, k, x, max(abs(self._get(n, k)), FLOORS[n])) for n, k, x in terms if x]
+        f = self.f
+        # the parameters this step used (nonzero feature x), each at its scale max(|value|, floor);
+        # read before any is moved (each appears once)
+        vals = []
+        if 1.0 - w:
+            vals.append((0, i, 1.0 - w, max(abs(f[i]), FLOORS["f"])))
+        if w:
+            vals.append((0, i + 1, w, max(abs(f[i + 1]), FLOORS["f"])))
+        for name, x in (("c_attn", s.attn), ("c_head", s.head)) + (
+                (("fold0", 1.0), ("fold_row", s.fold * 1.0)) if s.fold_calls else ()):
+            if x:
+                vals.append((name, None, x, max(abs(getattr(self, name)), FLOORS[name])))
         den = sum((x * sc) ** 2 for _, _, x, sc in vals)
         if den <= 0:
             return
         for n, k, x, sc in vals:
-            self._set(n, k, max(FLOORS[n] if n == "f" else 0.0, self._get(n, k) + ETA * e * x * sc * sc / den))
-        for k in range(1, len(self.f)):  # more rows never cost less
-            self.f[k] = max(self.f[k], self.f[k - 1])
+            if n == 0:
+                f[k] = max(FLOORS["f"], f[k] + ETA * e * x * sc * sc / den)
+            else:
+                setattr(self, n, max(0.0, getattr(self, n) + ETA * e * x * sc * sc / den))
+        for k in range(1, len(f)):  # more rows never cost less
+            if f[k] < f[k - 1]:
+                f[k] = f[k - 1]
         self.observations += 1
         if self.path and self.observations % SAVE_EVERY == 0:
             self.save()

@@ -1,0 +1,356 @@
+"""The chooser's host fast paths (engine/budget.py, engine/cost.py, decoding/proposal.py) take the
+decisions of the straightforward versions they replaced, which are kept here as references (the
+code of 7dcdf9b, verbatim): the choice over random draft forests and costs (dense and folded deltas,
+row budgets that cut or do not), the pre-draft screen, the cost model's f(rows) and its online
+refinement, and a proposal's confidence buckets. Tokens are covered by tests/test_budget.py (auto
+budgets give vanilla's tokens in float64, one request at a time and batched)."""
+from __future__ import annotations
+
+import copy
+import random
+
+from specfold.decoding.drafts.acceptance import bucket
+from specfold.decoding.plugins import Draft
+from specfold.decoding.proposal import Proposal
+from specfold.engine.budget import BudgetChooser, best_closure
+from specfold.engine.cost import CostModel, Shape
+
+
+# ------------------------------------------------------------------ references (7dcdf9b)
+def _refbest_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]], deltas: list[Shape],
+                 max_rows: float = float("inf"), iterations: int = 8) -> list[tuple[int, int]]:
+    """The choice, by Dinkelbach's method for ratios: with λ the best step ratio found so far (start:
+    no drafts, V0 / T0), every item weighs (expected tokens) - λ·(marginal seconds at the current
+    choice), and the heaviest set closed under parents is found per request by one pass over its
+    tree (a node is worth its weight plus its children's positive subtree worths; it is taken when
+    its subtree is worth more than nothing and its parent is taken); the new set's exact ratio
+    (V0 + Σ tokens) / predicted seconds becomes λ, until it stops improving. Exact for linear costs;
+    with the sub-linear f it re-linearises at each choice. `per_req[k]`: request k's items (expected
+    tokens, parent item index or -1, head rows), parents first; `deltas[k]`: what one of its drafts
+    adds, head rows apart -> the chosen (request, item index) pairs. Run from two linearisations (no
+    drafts, every draft), the better kept."""
+    every = _ref_fit([(k, j) for k, items in enumerate(per_req) for j in range(len(items))], per_req, deltas, F0.rows, max_rows)
+    G, V = _ref_shape(F0, V0, every, per_req, deltas)
+    best, chosen = V0 / c.predict(F0, host=True), []
+    if V / c.predict(G, host=True) > best:
+        best, chosen = V / c.predict(G, host=True), every
+    r, pre = _ref_best_prefix(c, F0, V0, per_req, deltas, max_rows)
+    if r > best:
+        best, chosen = r, pre
+    # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
+    # rows are cheaper in bulk, so the linearisation point matters)
+    for start in (F0, G, _ref_shape(F0, V0, pre, per_req, deltas)[0]):
+        best, chosen = _ref_dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, start, best, chosen)
+    return chosen
+
+
+def _ref_best_prefix(c, F0, V0, per_req, deltas, max_rows) -> tuple[float, list[tuple[int, int]]]:
+    """Items in an order whose every prefix is closed (groups of parent + denser descendants, sorted
+    by density at the base shape, each in list order) -> the best exact ratio over its prefixes."""
+    order: list[tuple] = []
+    for k, items in enumerate(per_req):
+        if not items:
+            continue
+        d = deltas[k]
+        marginal = (c.f_of(F0.rows + d.rows) - c.f_of(F0.rows) + c.c_attn * d.attn + c.fold_row * d.fold
+                    + c.host_draft * d.drafts + (c.fold0 if d.fold_calls and not F0.fold_calls else 0.0))
+        for g_v, g_c, members in _ref_groups(items, [max(marginal + c.c_head * h, 1e-12) for _, _, h in items]):
+            for j in members:
+                order.append((-g_v / g_c, k, members[0], j))
+    order.sort()
+    pick = _ref_fit([(k, j) for _, k, _, j in order], per_req, deltas, F0.rows, max_rows)
+    F, V = F0, V0
+    best, best_n = V0 / c.predict(F0, host=True), 0
+    for n, (k, j) in enumerate(pick, start=1):
+        d = deltas[k]
+        v, _, h = per_req[k][j]
+        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
+        t = c.predict(F, host=True)
+        if V / t > best:
+            best, best_n = V / t, n
+    return best, pick[:best_n]
+
+
+def _ref_groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, list[int]]]:
+    """Merge every group denser than its parent group into it, until densities never rise down the
+    tree -> (tokens, seconds, members in list order) per group."""
+    head = list(range(len(items)))  # item -> its group's head item
+    val = [v for v, _, _ in items]
+    sec = list(cost)
+    mem = [[j] for j in range(len(items))]
+
+    def find(j: int) -> int:
+        while head[j] != j:
+            j = head[j]
+        return j
+    merged = True
+    while merged:
+        merged = False
+        for g in range(len(items)):
+            if head[g] != g or items[g][1] < 0:
+                continue
+            p = find(items[g][1])
+            if val[g] * sec[p] > val[p] * sec[g]:  # denser than its parent group: merge
+                head[g] = p
+                val[p] += val[g]
+                sec[p] += sec[g]
+                mem[p] = sorted(mem[p] + mem[g])
+                merged = True
+    return [(val[g], sec[g], mem[g]) for g in range(len(items)) if head[g] == g]
+
+
+def _ref_dinkelbach(c, F0, V0, per_req, deltas, max_rows, iterations, F, best, chosen):
+    for _ in range(iterations):
+        pick = []
+        for k, items in enumerate(per_req):
+            if not items:
+                continue
+            d = deltas[k]
+            fold0 = c.fold0 if d.fold_calls and not F.fold_calls else 0.0
+            marginal = (c.f_of(F.rows + d.rows) - c.f_of(F.rows) + c.c_attn * d.attn + c.fold_row * d.fold
+                        + c.host_draft * d.drafts + fold0 / max(1, len(items)))
+            w = [v - best * (marginal + c.c_head * h) for v, _, h in items]
+            worth = list(w)
+            for j in range(len(items) - 1, -1, -1):  # children come after parents: bottom-up
+                par = items[j][1]
+                if par >= 0 and worth[j] > 0:
+                    worth[par] += worth[j]
+            taken: set[int] = set()
+            for j, (_, par, _) in enumerate(items):
+                if worth[j] > 0 and (par < 0 or par in taken):
+                    taken.add(j)
+                    pick.append((k, j))
+        pick = _ref_fit(pick, per_req, deltas, F0.rows, max_rows)
+        G, V = _ref_shape(F0, V0, pick, per_req, deltas)
+        r = V / c.predict(G, host=True)
+        if r <= best * (1 + 1e-12):
+            break
+        best, chosen, F = r, pick, G
+    return best, chosen
+
+
+def _ref_shape(F0: Shape, V0: float, pick, per_req, deltas) -> tuple[Shape, float]:
+    F, V = F0, V0
+    for k, j in pick:
+        d = deltas[k]
+        v, _, h = per_req[k][j]
+        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
+    return F, V
+
+
+def _ref_fit(pick, per_req, deltas, rows0: float, max_rows: float):
+    """The pick cut to the row budget: drafts in list order, per request in turn (closed)."""
+    rows = rows0 + sum((deltas[k].fold or deltas[k].rows) for k, _ in pick)
+    if rows <= max_rows:
+        return pick
+    out, rows = [], rows0
+    for k, j in pick:
+        r = deltas[k].fold or deltas[k].rows
+        if rows + r <= max_rows:
+            out.append((k, j))
+            rows += r
+    keep = set(out)
+    return [(k, j) for k, j in out if per_req[k][j][1] < 0 or (k, per_req[k][j][1]) in keep]
+
+
+class _RefCost(CostModel):
+    """CostModel with the reference f(rows) (linear search) and online refinement."""
+
+    def _interp(self, rows):
+        g = self.grid
+        i = 0
+        while i < len(g) - 2 and rows > g[i + 1]:
+            i += 1
+        return i, (rows - g[i]) / (g[i + 1] - g[i])
+
+    def f_of(self, rows):
+        if rows <= 0:
+            return 0.0
+        i, w = self._interp(rows)
+        return max(1e-7, (1 - w) * self.f[i] + w * self.f[i + 1])
+
+    def observe(self, s: Shape, seconds: float) -> None:
+        """Refine the parameters this step used from its measured time: a normalised LMS step where
+        each parameter moves in proportion to its own size (relative updates)."""
+        if s.rows <= 0 or seconds <= 0:
+            return
+        if s.rows > 1.5 * self.grid[-1]:  # past the calibrated range: a measured point of f
+            rest = self.c_attn * s.attn + self.c_head * s.head + ((self.fold0 + self.fold_row * s.fold) if s.fold_calls else 0)
+            self.grid.append(int(round(s.rows)))
+            self.f.append(max(self.f[-1], seconds - rest))
+            self.observations += 1
+            return
+        pred = self.predict(s)
+        e = max(-0.5 * pred, min(0.5 * pred, seconds - pred))
+        e *= 2 * (0.3 if e > 0 else 1 - 0.3)
+        i, w = self._interp(s.rows)
+        fold = 1.0 if s.fold_calls else 0.0
+        terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head),
+                 ("fold0", None, fold), ("fold_row", None, s.fold * fold)]
+        vals = [(n, k, x, max(abs(self._get(n, k)), _FLOORS[n])) for n, k, x in terms if x]
+        den = sum((x * sc) ** 2 for _, _, x, sc in vals)
+        if den <= 0:
+            return
+        for n, k, x, sc in vals:
+            self._set(n, k, max(_FLOORS[n] if n == "f" else 0.0, self._get(n, k) + 0.15 * e * x * sc * sc / den))
+        for k in range(1, len(self.f)):  # more rows never cost less
+            self.f[k] = max(self.f[k], self.f[k - 1])
+        self.observations += 1
+
+
+
+_FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9}
+
+
+def _cost(rng, cls=CostModel):
+    base = rng.uniform(0.5, 2.0)
+    f = [base]
+    for _ in range(rng.randint(1, 6)):
+        f.append(f[-1] + rng.uniform(0.0, 1.2) * base)  # sub-linear, linear or super-linear pieces
+    grid = [8 * 2 ** i for i in range(len(f))]
+    return cls(grid, f, rng.uniform(0, 1e-5), rng.uniform(0, 0.02), fold0=rng.uniform(0, 0.2),
+               fold_row=rng.uniform(0, 0.01), host0=rng.uniform(0, 0.1), host_job=rng.uniform(0, 0.05),
+               host_draft=rng.uniform(0, 0.05))
+
+
+def _instance(rng):
+    per_req, deltas = [], []
+    folded = rng.random() < 0.4
+    for _ in range(rng.randint(1, 6)):
+        items = [(rng.uniform(0, 1) if rng.random() > 0.1 else 0.0, rng.randint(-1, j - 1), rng.randint(1, 8))
+                 for j in range(rng.randint(0, 7))]
+        per_req.append(items)
+        W = rng.choice([4, 8, 16])
+        kv = rng.randint(0, 200)
+        rho = rng.uniform(0, 1)
+        deltas.append(Shape((1 - rho) * W, W * (kv + W), 0.0, W, 1, 0, 1) if folded else
+                      Shape(W, W * (kv + W), 0.0, drafts=1))
+    n = len(per_req)
+    F0 = Shape(16.0 * n, 3000.0 * n, 4.0 * n, 0.0, 0, float(n), 0.0)
+    V0 = float(n) * rng.uniform(0.5, 2)
+    max_rows = rng.choice([float("inf"), 16.0 * n + 8 * rng.randint(0, 10), 1e6])
+    return F0, V0, per_req, deltas, max_rows
+
+
+def test_choice_is_the_reference_choice():
+    """Over 3000 random instances the fast choice is the reference's, pair for pair."""
+    rng = random.Random(2323)
+    differ = nonempty = 0
+    for _ in range(3000):
+        c = _cost(rng)
+        F0, V0, per_req, deltas, max_rows = _instance(rng)
+        want = _refbest_closure(c, F0, V0, per_req, deltas, max_rows)
+        got = best_closure(c, F0, V0, per_req, deltas, max_rows, t0=c.predict(F0, host=True))
+        differ += got != want
+        nonempty += bool(want)
+    assert differ == 0
+    assert 300 < nonempty < 2900  # the instances exercise both outcomes
+
+
+def test_cost_model_fast_paths_match_the_reference():
+    rng = random.Random(19)
+    for _ in range(300):
+        a = _cost(rng)
+        b = _RefCost(list(a.grid), list(a.f), a.c_attn, a.c_head, a.fold0, a.fold_row)
+        a = CostModel(list(a.grid), list(a.f), a.c_attn, a.c_head, a.fold0, a.fold_row)
+        for _ in range(40):
+            rows = rng.choice([rng.uniform(-2, 1.2 * a.grid[-1]), float(rng.choice(a.grid)), rng.uniform(0, 4)])
+            assert a.f_of(rows) == b.f_of(rows)
+            fc = rng.random() < 0.5
+            s = Shape(max(1.0, rows), rng.uniform(0, 1e5), rng.randint(0, 64), rng.uniform(0, 64) if fc else 0.0,
+                      int(fc))
+            sec = a.predict(s) * rng.uniform(0.3, 2.0)
+            a.observe(s, sec)
+            _RefCost.observe(b, s, sec)
+            assert (a.grid, a.f, a.c_attn, a.c_head, a.fold0, a.fold_row) == \
+                (b.grid, b.f, b.c_attn, b.c_head, b.fold0, b.fold_row)
+
+
+def _ref_buckets(p):
+    conf = {}
+    st = p.parent
+    for sc in ((st.ahead, st.scored) if st is not None else ()):
+        if sc is not None:
+            conf.update(zip(sc.positions, sc.conf))
+    root, M, n = p.root, p.mask_id, len(p.root)
+    return [bucket(min((conf.get(i, 1.0) for i in range(len(d.tokens)) if d.tokens[i] != M and (i >= n or root[i] == M)),
+                       default=1.0), p.kind) for d in p.drafts]
+
+
+class _Scores:
+    def __init__(self, positions, conf):
+        self.positions, self.conf = positions, conf
+
+
+class _Step:
+    def __init__(self, ahead, scored):
+        self.ahead, self.scored = ahead, scored
+
+
+def test_buckets_match_the_reference():
+    rng = random.Random(5)
+    M = 99
+    for _ in range(500):
+        n = rng.randint(1, 12)
+        root = [M if rng.random() < 0.6 else rng.randint(0, 9) for _ in range(n)]
+        drafts = []
+        for _ in range(rng.randint(0, 6)):
+            L = rng.randint(1, n + 6)
+            drafts.append(Draft([root[i] if i < n and root[i] != M else (M if rng.random() < 0.4 else rng.randint(0, 9))
+                                 for i in range(L)], 0, 1))
+        pos = rng.sample(range(n + 6), rng.randint(0, n + 6))
+        st = _Step(_Scores(pos[: len(pos) // 2], [rng.random() for _ in pos[: len(pos) // 2]]),
+                   _Scores(pos[len(pos) // 2:], [rng.random() for _ in pos[len(pos) // 2:]])) \
+            if rng.random() < 0.9 else None
+        p = Proposal((), n, 0, 1, 1, 0, len(drafts), make=lambda d=drafts: d, mask_id=M, root=root, parent=st)
+        assert p.buckets() == _ref_buckets(copy.copy(p))
+
+
+def test_screen_is_the_reference_screen():
+    """The pre-draft screen (which requests are drafted at all) against its reference formula, dense
+    and folded, one width and mixed widths."""
+    rng = random.Random(7)
+
+    class Acc:
+        def __init__(self, rates, tau):
+            self.rates, self.tau = rates, tau
+
+        def p(self, i, b=None):
+            return self.rates[i - 1]
+
+    for _ in range(1000):
+        ch = BudgetChooser.__new__(BudgetChooser)
+        ch.cost = _cost(rng)
+        ch.folded = rng.random() < 0.4
+        ch.rho = rng.uniform(0, 1)
+        ch.acceptance = Acc([rng.uniform(0, 1) for _ in range(8)], rng.uniform(1, 3))
+        live = []
+        for _ in range(rng.randint(1, 16)):
+            W = rng.choice([8, 8, 16])
+            live.append((None, Proposal((), W, rng.randint(0, 300), rng.randint(1, W), rng.randint(0, W), 0,
+                                        rng.choice([0, 3, 7]))))
+        F0 = ch._base([], [p for _, p in live])
+        parents = [0] * 7
+        c, acc, tau = ch.cost, ch.acceptance, ch.acceptance.tau
+        # the reference (7dcdf9b)
+        n = max(p.nodes for _, p in live)
+        want = []
+        if n:
+            top = max(acc.p(i) for i in range(1, min(n, len(parents)) + 1))
+            full = F0
+            for _, p in live:
+                d = ch._delta(p)
+                full = full.plus(Shape(d.rows * p.nodes, d.attn * p.nodes, p.root_rows * p.nodes, d.fold * p.nodes,
+                                       d.fold_calls if p.nodes else 0, 0, p.nodes))
+            ratio = sum(min(tau, p.masked) for _, p in live) / c.predict(F0, host=True)
+            for k, (_, p) in enumerate(live):
+                if not p.nodes:
+                    continue
+                d = ch._delta(p)
+                marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
+                    + c.fold_row * d.fold + c.c_head + c.host_draft
+                if top * min(tau, p.masked) / marginal > ratio:
+                    want.append(k)
+        assert ch._worth_drafting(F0, live, parents) == want
+        V0 = sum(min(tau, p.masked) for _, p in live)
+        assert ch._worth_drafting(F0, live, parents, V0 / c.predict(F0, host=True)) == want
