@@ -114,6 +114,7 @@ def summarize(recs: dict[str, list[dict]]) -> list[dict]:
         # same unit; the median over units is robust to the machine's drifts and outliers
         pair = [(a["tokens"] / a["cpu"]) / (b["tokens"] / b["cpu"]) for a, b in zip(rs, ref)]
         r["x_pair"] = _median(pair)
+        r["x_pair_iqr"] = [_quantile(pair, 0.25), _quantile(pair, 0.75)]  # the spread of the paired ratios
         r["units"] = len(pair)
         r["unit_rates"] = [a["tokens"] / a["cpu"] for a in rs]  # tokens per CPU-second, per unit
         # best of rounds: per chunk the least CPU time any round took (noise only ever adds time)
@@ -125,6 +126,15 @@ def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     n = len(xs)
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    i = q * (len(xs) - 1)
+    lo = int(i)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (i - lo)
 
 
 def _best_of_rounds(rs: list[dict]) -> float:
@@ -152,6 +162,12 @@ def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
         # auto against every fixed budget in the same unit (median over units); the worst of them
         direct, worst = min((_median([a / b for a, b in zip(auto["unit_rates"], r["unit_rates"])]), r["config"])
                             for r in fixed)
+        zero = by.get(f"{m} 0")  # budget 0 does vanilla's work: its ratio is what the cell can resolve
+        if zero is not None:
+            lo, hi = zero["x_pair_iqr"]
+            out.append(f"{m}: resolution: budget 0 (vanilla's work) {zero['x_pair']:.3f}x vanilla, paired median over "
+                       f"{zero['units']} units (quartiles {lo:.3f}-{hi:.3f}); auto's quartiles "
+                       f"{auto['x_pair_iqr'][0]:.3f}-{auto['x_pair_iqr'][1]:.3f}")
         out.append(f"{m}: auto {auto['x_pair']:.2f}x vanilla (paired median; aim >= 0.97: "
                    f"{'met' if auto['x_pair'] >= 0.97 else 'NOT met'}); best fixed {best['config'].split()[1]} "
                    f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (ratio of the two medians against vanilla), "
