@@ -13,8 +13,10 @@ each is compared (other work only ever slows a run down). Each row notes the 1-m
 after it. `--plain` adds the
 single-process server (`specfold serve` without Ray, one thread) as a reference row. `--model`: a
 checkpoint instead of tiny, e.g. a `specfold widen` copy of tiny (the same tokens at a higher cost
-per token: what a request costs the engine, against the fixed cost of its trip through Serve). Clients, the
-Serve proxy, the ingress and the replicas share the machine's cores. Prints one markdown row per run
+per token: what a request costs the engine, against the fixed cost of its trip through Serve). The
+clients talk to the ingress replica itself (direct ingress, since the CLI's cluster is its own); they, the
+ingress, Serve's and Ray's processes and the replicas share the machine's cores. The ceiling without
+Ray: benchmarks/engine_processes.py. Prints one markdown row per run
 and, per count, the best run's throughput relative to the best 1-replica run.
 """
 from __future__ import annotations
