@@ -154,6 +154,55 @@ def test_forward_many_equals_forward(checkpoint):
             assert (c.v[:, :, : c.length] - rc.v[:, :, : c.length]).abs().max() <= 1e-12
 
 
+def _grouped_forwards(m, g):
+    """Forwards that share (B, T) next to each other (one attention `Group`: prefixes of different
+    lengths, one empty, masks and no mask, cache writes and none), then a different window length,
+    then the first shape again (not contiguous with its group: the per-forward path)."""
+    fws, caches = [], []
+    for P, B, T, write, masked in ((9, 1, 8, False, True), (0, 1, 8, True, True), (21, 1, 8, True, False),
+                                   (4, 1, 8, False, True), (5, 2, 6, False, False), (7, 1, 8, False, True)):
+        cache = m.new_cache(64)
+        if P:
+            m(torch.randint(0, 90, (1, P), generator=g), torch.arange(P), cache=cache, write_cache=True)
+        caches.append(cache)
+        pos = torch.arange(P, P + T)
+        mask = (pos[:, None] // 4 >= pos[None, :] // 4) if masked else None
+        fws.append(Forward(torch.randint(0, 95, (B, T), generator=g), pos, cache, mask, write_cache=write,
+                           logits_at=torch.tensor([0, T - 1]), kind="commit" if write else "verify"))
+    return fws, caches
+
+
+def test_grouped_attention_equals_forward_and_the_per_forward_path(checkpoint, monkeypatch):
+    from specfold.models import attention as attn
+    llm = LLM(checkpoint("qwen3"), dtype="float64")
+    m = llm.model
+    planned = []
+    plan = attn.Group.plan
+    monkeypatch.setattr(attn.Group, "plan", staticmethod(lambda *a: planned.append(plan(*a)) or planned[-1]))
+    runs = []
+    for grouped in (True, False):
+        fws, caches = _grouped_forwards(m, torch.Generator().manual_seed(3))
+        if not grouped:
+            monkeypatch.setattr(attn.Group, "plan", staticmethod(lambda *a: None))
+        ref_caches = [_copy(c) for c in caches]
+        with torch.inference_mode():
+            ref = [m(f.tokens, f.positions, cache=c, mask=f.mask, write_cache=f.write_cache, logits_at=f.logits_at)
+                   for f, c in zip(fws, ref_caches)]
+            got = m.forward_many(fws)
+        for r, o in zip(ref, got):
+            assert (o.logits - r).abs().max().item() <= 1e-12
+        for c, rc in zip(caches, ref_caches):
+            assert c.length == rc.length
+            assert (c.k[:, :, : c.length] - rc.k[:, :, : c.length]).abs().max() <= 1e-12
+        runs.append(([o.logits for o in got], [c.k[:, :, : c.length].clone() for c in caches]))
+    # the first run: forwards 0-3 of (1, 8) are one group; 4 (another length) and 5 (after it) are alone
+    assert [None if p is None else p.idx for p in planned] == [[0, 1, 2, 3], None, None]
+    # the group computes bit for bit what the padded per-forward path computes for the same forwards
+    # (forward 5 ran alone in the first run and padded with 0-3 in the second: equal up to rounding)
+    (lg_a, k_a), (lg_b, k_b) = runs
+    assert all(torch.equal(lg_a[i], lg_b[i]) for i in range(5)) and all(torch.equal(a, b) for a, b in zip(k_a, k_b))
+
+
 def _copy(c):
     import copy
     d = copy.copy(c)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from specfold.models.pool import KVPool
-from specfold.models.transformer import Transformer, attend_padded
+from specfold.models.attention import attend_padded
+from specfold.models.transformer import Transformer
 
 FULL = 1 << 40  # a mask block no window reaches past: every window row sees every other
 META = 7  # columns of StaticBatch.meta

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specfold.models.attention import Group, attention, attention_many
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.moe import MoE
@@ -72,97 +73,6 @@ class Layer(nn.Module):
         if self.moe is not None:
             return self.moe(h)
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pk: torch.Tensor | None,
-              pv: torch.Tensor | None, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """q [B,H,T,D]; k, v [B,Hkv,T,D]; pk, pv [Hkv,P,D] shared prefix (or None); mask [T,T].
-
-    Returns [B, T, H*D]. Prefix scores come from one matmul over all branches at once, so the prefix
-    K/V are read, never broadcast-copied."""
-    B, H, T, D = q.shape
-    hkv = k.shape[1]
-    g = H // hkv
-    qg = q.reshape(B, hkv, g, T, D)
-    s_win = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale  # [B,Hkv,g,T,T]
-    if mask is not None:
-        s_win = s_win.masked_fill(~mask, float("-inf"))
-    sm_dtype = torch.float32 if q.dtype in _LOW else q.dtype
-    P = 0 if pk is None else pk.shape[1]
-    if P == 0:
-        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(q.dtype)
-        out = torch.matmul(p, v.unsqueeze(2))  # [B,Hkv,g,T,D]
-    else:
-        qp = qg.permute(1, 0, 2, 3, 4).reshape(hkv, B * g * T, D)
-        s_pre = torch.matmul(qp, pk.transpose(-1, -2)) * scale  # [Hkv, B*g*T, P]
-        s_pre = s_pre.view(hkv, B, g, T, P).permute(1, 0, 2, 3, 4)
-        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(q.dtype)
-        p_pre = p[..., :P].permute(1, 0, 2, 3, 4).reshape(hkv, B * g * T, P)
-        out = torch.matmul(p_pre, pv).view(hkv, B, g, T, D).permute(1, 0, 2, 3, 4)
-        out = out + torch.matmul(p[..., P:], v.unsqueeze(2))
-    return out.reshape(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
-
-
-def attention_many(qkv: list, prefixes: list, masks: list, scale: float) -> list[torch.Tensor]:
-    """`attention` for G forwards of one window length T in one padded call: forward i has q_i
-    [B_i,H,T,D], k_i, v_i [B_i,Hkv,T,D], its own prefix (pk_i, pv_i) [Hkv,P_i,D] (or (None, None))
-    and window mask [T,T] (or None). Branches are padded to max B_i with zero queries and prefixes to
-    max P_i with keys masked out, so every result row equals `attention` on its forward alone (up to
-    float rounding). Returns [B_i, T, H*D] per forward."""
-    if len(qkv) == 1:
-        (q, k, v), (pk, pv) = qkv[0], prefixes[0]
-        return [attention(q, k, v, pk, pv, masks[0], scale)]
-    q0 = qkv[0][0]
-    _, H, T, D = q0.shape
-    hkv = qkv[0][1].shape[1]
-    G = len(qkv)
-    Bm = max(q.shape[0] for q, _, _ in qkv)
-    Pm = max(0 if pk is None else pk.shape[1] for pk, _ in prefixes)
-    Q = q0.new_zeros(G, Bm, H, T, D)
-    K, V = q0.new_zeros(G, Bm, hkv, T, D), q0.new_zeros(G, Bm, hkv, T, D)
-    M = torch.ones(G, T, T, dtype=torch.bool, device=q0.device)
-    for i, ((q, k, v), m) in enumerate(zip(qkv, masks)):
-        Q[i, : q.shape[0]], K[i, : q.shape[0]], V[i, : q.shape[0]] = q, k, v
-        if m is not None:
-            M[i] = m
-    PK = PV = valid = None
-    if Pm:
-        PK, PV = q0.new_zeros(G, hkv, Pm, D), q0.new_zeros(G, hkv, Pm, D)
-        valid = torch.zeros(G, Pm, dtype=torch.bool, device=q0.device)
-        for i, (pk, pv) in enumerate(prefixes):
-            if pk is not None and pk.shape[1]:
-                PK[i, :, : pk.shape[1]], PV[i, :, : pk.shape[1]] = pk, pv
-                valid[i, : pk.shape[1]] = True
-    out = attend_padded(Q, K, V, M, PK, PV, valid, scale)
-    return [out[i, : q.shape[0]] for i, (q, _, _) in enumerate(qkv)]
-
-
-def attend_padded(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, M: torch.Tensor, PK: torch.Tensor | None,
-                  PV: torch.Tensor | None, valid: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """The padded attention of G forwards (fixed shapes, no host data): Q [G,Bm,H,T,D], K, V
-    [G,Bm,Hkv,T,D], window masks M [G,T,T], prefixes PK, PV [G,Hkv,P,D] with `valid` [G,P] (keys at
-    False contribute exactly 0; their values must be finite) or None. Returns [G, Bm, T, H*D]."""
-    G, Bm, H, T, D = Q.shape
-    hkv = K.shape[2]
-    g = H // hkv
-    qg = Q.view(G, Bm, hkv, g, T, D)
-    s_win = torch.matmul(qg, K.unsqueeze(3).transpose(-1, -2)) * scale  # [G,Bm,Hkv,g,T,T]
-    s_win = s_win.masked_fill(~M[:, None, None, None], float("-inf"))
-    sm_dtype = torch.float32 if Q.dtype in _LOW else Q.dtype
-    if PK is None:
-        p = torch.softmax(s_win, dim=-1, dtype=sm_dtype).to(Q.dtype)
-        out = torch.matmul(p, V.unsqueeze(3))
-    else:
-        Pm = PK.shape[2]
-        qp = qg.permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, D)
-        s_pre = torch.matmul(qp, PK.transpose(-1, -2)) * scale  # [G, Hkv, Bm*g*T, Pm]
-        s_pre = s_pre.masked_fill(~valid[:, None, None, :], float("-inf"))
-        s_pre = s_pre.view(G, hkv, Bm, g, T, Pm).permute(0, 2, 1, 3, 4, 5)
-        p = torch.softmax(torch.cat([s_pre, s_win], dim=-1), dim=-1, dtype=sm_dtype).to(Q.dtype)
-        p_pre = p[..., :Pm].permute(0, 2, 1, 3, 4, 5).reshape(G, hkv, Bm * g * T, Pm)
-        out = torch.matmul(p_pre, PV).view(G, hkv, Bm, g, T, D).permute(0, 2, 1, 3, 4, 5)
-        out = out + torch.matmul(p[..., Pm:], V.unsqueeze(3))
-    return out.reshape(G, Bm, H, T, D).transpose(2, 3).reshape(G, Bm, T, H * D)
 
 
 def make_rope(spec: ModelSpec) -> Rope:
@@ -272,33 +182,45 @@ class Transformer(nn.Module):
         d = x.shape[-1]
         cos, sin, qscale = self._packed_rope(forwards, shapes, x.dtype)
         hidden: list[list | None] = [[] if f.return_hidden else None for f in forwards]
-        groups: dict[int, list[int]] = {}  # forwards of one window length share padded attention calls
+        by_len: dict[int, list[int]] = {}  # forwards of one window length share padded attention calls
         for i, (_, T) in enumerate(shapes):
-            groups.setdefault(T, []).append(i)
-        groups = list(groups.values())
+            by_len.setdefault(T, []).append(i)
+        starts = [0]
+        for n in sizes[:-1]:
+            starts.append(starts[-1] + n)
+        plans = [p for idx in by_len.values() for p in Group.split(forwards, idx, starts, shapes, x.device)]
         for li, layer in enumerate(self.layers):
             self._keep(hidden, x, sizes, shapes)
             q, k, v = self._packed_heads(layer, x, cos, sin, qscale)  # [R, H or Hkv, D]
-            qs, ks, vs = q.split(sizes), k.split(sizes), v.split(sizes)
-            heads = [[t.view(B, T, -1, t.shape[-1]).transpose(1, 2) for t in (qs[i], ks[i], vs[i])]
-                     for i, (B, T) in enumerate(shapes)]
-            outs: list = [None] * len(forwards)
-            for group in groups:
-                res = attention_many([heads[i] for i in group],
-                                     [forwards[i].cache.view(li) if forwards[i].cache is not None else (None, None)
-                                      for i in group], [forwards[i].mask for i in group], self.attn_scale)
-                for i, o in zip(group, res):
-                    outs[i] = o.reshape(sizes[i], -1)
-            for f, (_, ki, vi) in zip(forwards, heads):
-                if f.write_cache:
-                    f.cache.write(li, ki[0], vi[0])
-            x = x + layer.o_proj(torch.cat(outs))
+            x = x + layer.o_proj(self._attend(forwards, plans, li, q, k, v, starts, shapes))
             x = x + layer.mlp(x)
         for f in forwards:
             if f.write_cache:
                 f.cache.commit_write()
         self._keep(hidden, x, sizes, shapes)
         return self._heads_many(forwards, x, sizes, shapes, d, hidden)
+
+    def _attend(self, forwards, plans, li, q, k, v, starts, shapes) -> torch.Tensor:
+        """Layer `li`'s attention output for every packed row, in row order; writes the K/V of the
+        forwards that append to their cache. A planned `Group` runs from views of the packed q, k, v;
+        the other forwards go through `attention_many` from per-forward pieces."""
+        def piece(t, i):  # forward i's rows of a packed tensor -> [B, h, T, D]
+            B, T = shapes[i]
+            return t[starts[i]: starts[i] + B * T].view(B, T, t.shape[1], t.shape[2]).transpose(1, 2)
+        chunks: list[tuple[int, torch.Tensor]] = []
+        for idx, group in plans:
+            if group is not None:
+                chunks.append((idx[0], group.attend(forwards, li, q, k, v, self.attn_scale)))
+                continue
+            res = attention_many([(piece(q, i), piece(k, i), piece(v, i)) for i in idx],
+                                 [forwards[i].cache.view(li) if forwards[i].cache is not None else (None, None)
+                                  for i in idx], [forwards[i].mask for i in idx], self.attn_scale)
+            chunks += [(i, o.reshape(shapes[i][0] * shapes[i][1], -1)) for i, o in zip(idx, res)]
+        for i, f in enumerate(forwards):
+            if f.write_cache:
+                f.cache.write(li, piece(k, i)[0], piece(v, i)[0])
+        chunks.sort(key=lambda c: c[0])
+        return chunks[0][1] if len(chunks) == 1 else torch.cat([c for _, c in chunks])
 
     def _packed_rope(self, forwards, shapes, dtype):
         """cos, sin [R, 1, D] and the query scale [R, 1, 1] (or None) of every packed row."""
