@@ -394,21 +394,8 @@ def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, l
                 order.append((-g_v / g_c, k, members[0], j))
     order.sort()
     pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, rows0, max_rows)
-    rows, attn, head, fold, fc, jobs, drafts = S0
-    V = V0
     best, best_n, best_s = V0 / T0, 0, S0
-    for n, (k, j) in enumerate(pick, start=1):
-        d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
-        v, _, h = per_req[k][j]
-        rows += d_rows
-        attn += d_attn
-        head += h
-        fold += d_fold
-        if d_fc > fc:
-            fc = d_fc
-        drafts += d_drafts
-        V += v
-        s = (rows, attn, head, fold, fc, jobs, drafts)
+    for n, (s, V) in enumerate(_prefixes(S0, V0, pick, per_req, dd), start=1):
         r = V / _t(c, s)
         if r > best:
             best, best_n, best_s = r, n, s
@@ -480,6 +467,15 @@ def _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, F, best, c
 
 
 def _shape(S0: tuple, V0: float, pick, per_req, dd) -> tuple[tuple, float]:
+    """The step's shape and value with every item of `pick` added."""
+    out = (S0, V0)
+    for out in _prefixes(S0, V0, pick, per_req, dd):
+        pass
+    return out
+
+
+def _prefixes(S0: tuple, V0: float, pick, per_req, dd):
+    """(shape, value) after each item of `pick` in turn, from the base shape S0 and value V0."""
     rows, attn, head, fold, fc, jobs, drafts = S0
     V = V0
     for k, j in pick:
@@ -493,7 +489,7 @@ def _shape(S0: tuple, V0: float, pick, per_req, dd) -> tuple[tuple, float]:
             fc = d_fc
         drafts += d_drafts
         V += v
-    return (rows, attn, head, fold, fc, jobs, drafts), V
+        yield (rows, attn, head, fold, fc, jobs, drafts), V
 
 
 def _fit(pick, per_req, deltas, rows0: float, max_rows: float):
