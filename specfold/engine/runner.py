@@ -126,7 +126,8 @@ class ModelRunner:
     def _read(self, jobs: list[Job], logits: list[torch.Tensor | None]) -> list[list]:
         """Every job's read in one device-to-host copy. Jobs whose reads have the same layout share
         one `read_rows` call over their concatenated rows (every read is row-wise, so a row's values
-        do not depend on its partners): a step issues as many read kernels for 16 requests as for 1."""
+        do not depend on its partners): at T = 0 a step issues as many read kernels for 16 requests as
+        for 1 (at T > 0 the keyed noise is still drawn row by row)."""
         groups: dict[tuple, list[int]] = {}
         for i, (j, lg) in enumerate(zip(jobs, logits)):
             if j.read is not None and lg is not None and lg.shape[0] * lg.shape[1]:
