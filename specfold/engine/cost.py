@@ -116,10 +116,8 @@ class CostModel:
     def f_of(self, rows: float) -> float:
         if rows <= 0:
             return 0.0
-        g, f = self.grid, self.f
-        i = min(len(g) - 2, bisect_left(g, rows, 1) - 1)  # as _interp, inlined (the chooser's hot path)
-        w = (rows - g[i]) / (g[i + 1] - g[i])
-        return max(MIN_SECONDS, (1 - w) * f[i] + w * f[i + 1])
+        i, w = self._interp(rows)
+        return max(MIN_SECONDS, (1 - w) * self.f[i] + w * self.f[i + 1])
 
     def predict(self, s: Shape, host: bool = False) -> float:
         """Seconds of the step's model call; `host`: of the whole step (its host work too)."""
@@ -150,23 +148,15 @@ class CostModel:
         f = self.f
         # the parameters this step used (nonzero feature x), each at its scale max(|value|, floor);
         # read before any is moved (each appears once)
-        vals = []
-        if 1.0 - w:
-            vals.append((0, i, 1.0 - w, max(abs(f[i]), FLOORS["f"])))
-        if w:
-            vals.append((0, i + 1, w, max(abs(f[i + 1]), FLOORS["f"])))
-        for name, x in (("c_attn", s.attn), ("c_head", s.head)) + (
-                (("fold0", 1.0), ("fold_row", s.fold * 1.0)) if s.fold_calls else ()):
-            if x:
-                vals.append((name, None, x, max(abs(getattr(self, name)), FLOORS[name])))
+        terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head)]
+        if s.fold_calls:
+            terms += [("fold0", None, 1.0), ("fold_row", None, s.fold * 1.0)]
+        vals = [(n, k, x, max(abs(self._get(n, k)), FLOORS[n])) for n, k, x in terms if x]
         den = sum((x * sc) ** 2 for _, _, x, sc in vals)
         if den <= 0:
             return
         for n, k, x, sc in vals:
-            if n == 0:
-                f[k] = max(FLOORS["f"], f[k] + ETA * e * x * sc * sc / den)
-            else:
-                setattr(self, n, max(0.0, getattr(self, n) + ETA * e * x * sc * sc / den))
+            self._set(n, k, max(FLOORS[n] if n == "f" else 0.0, self._get(n, k) + ETA * e * x * sc * sc / den))
         for k in range(1, len(f)):  # more rows never cost less
             if f[k] < f[k - 1]:
                 f[k] = f[k - 1]
