@@ -43,7 +43,7 @@ from collections import Counter
 
 from specfold.decoding.jobs import Job
 from specfold.decoding.proposal import Proposal
-from specfold.engine.cost import CostModel, Shape, clock_for, cost_model_for
+from specfold.engine.cost import CostModel, Shape, clock_for, cost_model_for, host_seconds, model_seconds
 
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
 RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
@@ -368,12 +368,9 @@ def _tup(F: Shape) -> tuple:
 
 
 def _t(c: CostModel, s: tuple) -> float:
-    """`c.predict(Shape(*s), host=True)`, term by term."""
+    """`c.predict(Shape(*s), host=True)` on a plain tuple (the same formula, cost.py)."""
     rows, attn, head, fold, fc, jobs, drafts = s
-    t = c.f_of(rows) + c.c_attn * attn + c.c_head * head
-    if fc:
-        t += c.fold0 + c.fold_row * fold
-    return t + (c.host0 + c.host_job * jobs + c.host_draft * drafts)
+    return model_seconds(c, rows, attn, head, fold, fc) + host_seconds(c, jobs, drafts)
 
 
 def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, list[tuple[int, int]], tuple]:

@@ -89,6 +89,20 @@ class Shape:
                      self.jobs + other.jobs, self.drafts + other.drafts)
 
 
+def model_seconds(c, rows: float, attn: float, head: float, fold: float, fold_calls: int) -> float:
+    """The model call's predicted seconds from the terms of `c` (a CostModel, or anything with its
+    f_of and coefficients: the budget chooser's memoised view): the one formula of the cost model."""
+    t = c.f_of(rows) + c.c_attn * attn + c.c_head * head
+    if fold_calls:
+        t += c.fold0 + c.fold_row * fold
+    return t
+
+
+def host_seconds(c, jobs: float, drafts: float) -> float:
+    """The step's host work around the model call, predicted from the terms of `c`."""
+    return c.host0 + c.host_job * jobs + c.host_draft * drafts
+
+
 @dataclass
 class CostModel:
     grid: list[int]  # row counts, ascending
@@ -121,13 +135,11 @@ class CostModel:
 
     def predict(self, s: Shape, host: bool = False) -> float:
         """Seconds of the step's model call; `host`: of the whole step (its host work too)."""
-        t = self.f_of(s.rows) + self.c_attn * s.attn + self.c_head * s.head
-        if s.fold_calls:
-            t += self.fold0 + self.fold_row * s.fold
+        t = model_seconds(self, s.rows, s.attn, s.head, s.fold, s.fold_calls)
         return t + self.host_of(s) if host else t
 
     def host_of(self, s: Shape) -> float:
-        return self.host0 + self.host_job * s.jobs + self.host_draft * s.drafts
+        return host_seconds(self, s.jobs, s.drafts)
 
     # ------------------------------------------------------------------ online refinement
     def observe(self, s: Shape, seconds: float) -> None:
