@@ -292,3 +292,48 @@ def test_fused_weights_are_the_models_own(checkpoint):
         assert torch.equal(t, before[n])
     with torch.inference_mode():
         assert torch.equal(DenseVerifier(m)(toks, parents, pos, None, None, out), dense_before)
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.3])
+def test_last_layer_runs_only_the_rows_the_head_reads(checkpoint, monkeypatch, delta):
+    """With head rows (or logits_at) the last layer's FFN runs only on the rows the head reads (and
+    their FFN sources): the logits equal those of the full last layer (a forward that returns its
+    hidden states computes every row), and at delta = 0 the dense model's."""
+    from specfold.kernels import fold_pack
+    from specfold.models.forward import Forward
+
+    llm = LLM(checkpoint("qwen2", attention="bidirectional"), dtype="float64")
+    m = llm.model
+    fwds = _forwards(m, llm.spec.mask_token_id, "bidirectional")
+    f = fwds[0]  # 5 branches (a chain and a tree) of 8 positions
+    B, N = f.tokens.shape
+    head_rows = torch.tensor([1, 5, 6, 8 + 6, 2 * 8 + 4, 2 * 8 + 7, 3 * 8 + 6, 4 * 8 + 5])  # a few rows per branch
+    ffn_rows = []
+    real = fold_pack.packed_fold_layer
+
+    def spy(*a, **k):
+        out = real(*a, **k)
+        ffn_rows.append(None if k.get("need") is None else k["need"].numel())
+        return out
+
+    monkeypatch.setattr(fold_pack, "packed_fold_layer", spy)
+    monkeypatch.setattr("specfold.decoding.verify.fold.packed_fold_layer", spy)
+    fv = FoldVerifier(m, delta)
+    with torch.inference_mode():
+        for at, rows in ((None, head_rows), (torch.arange(N // 2, N), None), (None, head_rows[:0])):
+            pruned = Forward(f.tokens, f.positions, None, None, logits_at=at, parents=list(f.parents), head_rows=rows)
+            full = Forward(f.tokens, f.positions, None, None, logits_at=at, parents=list(f.parents), head_rows=rows,
+                           return_hidden=True)
+            ffn_rows.clear()
+            a = fv.verify_many([pruned])[0].logits
+            st_a = fv.last_stats[0]
+            assert ffn_rows[:-1] == [None] * (len(ffn_rows) - 1) and ffn_rows[-1] < B * N  # only the last layer
+            b = fv.verify_many([full])[0].logits
+            assert ffn_rows[-1] is None  # every row: hidden states asked
+            assert a.shape == b.shape and (a - b).abs().max().item() <= 1e-12 if a.numel() else a.shape == b.shape
+            assert st_a.folded == fv.last_stats[0].folded and st_a.ffn_folded == fv.last_stats[0].ffn_folded
+            if delta == 0.0 and rows is not None and rows.numel():
+                dense = m(f.tokens, f.positions).reshape(1, B * N, -1)[:, rows]
+                assert (a - dense).abs().max().item() <= 1e-10
+    if delta > 0:
+        assert sum(st_a.ffn_folded) > 0  # folded rows took their FFN source's output

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-VERSION = 4
+VERSION = 5  # 5: the folded verifier runs its last layer on the rows the head reads
 ETA = 0.15  # online step size (relative)
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
 EXPECTILE = 0.3  # slower-than-predicted steps weigh 0.3, faster ones 0.7: on a shared machine noise
@@ -396,8 +396,10 @@ def _calibrate_fold(m: CostModel, model, verifier, toks, cache, P: int, N: int, 
             rows.append(r)
         x = torch.stack(rows)
         pos = torch.arange(P, P + N, device=dev)
-        fw = Forward(x, pos, cache, None, False, None, parents=[-1] + list(range(B - 1)),
-                     head_rows=torch.zeros(0, dtype=torch.long, device=dev))
+        # the head reads the second half of every branch, as a step in mid-block does: the folded
+        # verifier's last layer runs only the rows the head reads, so a read of none would undercount
+        read = torch.arange(B * N, device=dev).view(B, N)[:, N // 2:].reshape(-1)
+        fw = Forward(x, pos, cache, None, False, None, parents=[-1] + list(range(B - 1)), head_rows=read)
         t0 = time.perf_counter()
         out: list = []
         t = _time(lambda: out.append(verifier.verify_many([fw])), clock=clock_for(dev))
@@ -405,7 +407,7 @@ def _calibrate_fold(m: CostModel, model, verifier, toks, cache, P: int, N: int, 
         st = out[-1][0].stats or {}
         rho = sum(st.get("folded", [0])) / max(1, sum(st.get("positions", [0])))
         D = (B - 1) * N
-        dense = m.f_of(N + (1 - rho) * D) + m.c_attn * B * N * (P + N)
+        dense = m.f_of(N + (1 - rho) * D) + m.c_attn * B * N * (P + N) + m.c_head * read.numel()
         pts.append((D, t - dense))
     if len(pts) == 2 and pts[1][0] != pts[0][0]:
         (d0, r0), (d1, r1) = pts

@@ -202,7 +202,7 @@ def _ffn_all(X: Tensor, w: LayerWeights) -> Tensor:
 
 def packed_fold_layer(
     X: Tensor, plan: PackPlan, w: LayerWeights, prefixes: list[tuple[Tensor, Tensor]], delta: float,
-    scale: float, be: ModuleType, qkv: RowSet | None = None, ffn_gate: bool = True,
+    scale: float, be: ModuleType, qkv: RowSet | None = None, ffn_gate: bool = True, need: Tensor | None = None,
 ) -> tuple[Tensor, list[LayerFoldStats], RowSet | None]:
     """One decoder layer over the packed rows of every segment -> X_out [T, d], stats per segment,
     and the RowSet of its post-attention gate (the next layer's ``qkv``; None without ``ffn_gate``).
@@ -210,13 +210,28 @@ def packed_fold_layer(
     ``prefixes[s]`` = (K, V) [Hkv, P_s, D] of segment s's prefix cache at this layer. ``qkv``: the
     rows that recompute q/k/v here, carried from the previous layer's post-attention gate; None gates
     X itself (layer 0, or a layer on its own: one more sync).
+
+    ``need`` (flat rows, increasing): the only rows of X_out the caller reads (the last layer: the
+    head's rows). The FFN then runs only on the packed rows those rows take their FFN output from;
+    the other rows of X_out hold their post-attention residual, not the layer's output. The gates,
+    the attention and the statistics are those of the whole layer, so the rows in ``need`` get the
+    values they get without it (up to float rounding of a GEMM over fewer rows).
     """
     if qkv is None:
         qkv = plan.select(plan.gate(X, delta))
     attn = _attention(X, plan, w, prefixes, scale, be, qkv)
     X_mid = torch.addmm(X, attn, w.wo.t())
     ffn = plan.select(plan.gate(X_mid, delta)) if ffn_gate else qkv
-    if ffn.complete:
+    if need is not None and need.numel() == 0:
+        X_out = X_mid
+    elif need is not None:
+        if ffn.complete:
+            out = _ffn_all(X_mid.index_select(0, need), w)
+        else:  # each needed row's FFN source, computed once however many needed rows share it
+            src, inv = torch.unique(ffn.kv_row.index_select(0, need), return_inverse=True)
+            out = be.packed_ffn(X_mid[None], ffn.rows.index_select(0, src), w).index_select(0, inv)
+        X_out = X_mid.index_copy_(0, need, X_mid.index_select(0, need) + out)
+    elif ffn.complete:
         X_out = X_mid + _ffn_all(X_mid, w)
     else:
         X_out = X_mid + be.packed_ffn(X_mid[None], ffn.rows, w).index_select(0, ffn.kv_row)

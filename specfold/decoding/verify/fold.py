@@ -20,6 +20,10 @@ Two entry points:
   (`FoldStats.add` / `from_counts`) and derives ratios with `FoldStats.report()` (None where no
   draft position was verified).
 
+The last layer runs its FFN only on the rows the head reads (`head_rows` / `logits_at`) and the
+rows they take their FFN output from: no row's output past the last layer is read anywhere else.
+A forward with `return_hidden` computes all its rows.
+
 Eager windows: `return_hidden` gives every row's hidden states (folded rows: the folded values), so
 an eager commit writes the block's K/V from them. At δ = 0 they are the dense ones; at δ > 0 a block
 committed from a draft branch carries its folded rows' approximation into the prefix cache (the root
@@ -160,12 +164,14 @@ class FoldVerifier:
         hidden: list[list[torch.Tensor]] = [[] for _ in forwards]
         want_hidden = [f.return_hidden for f in forwards]
         carried = None  # layer l's post-attention gate decides layer l+1's q/k/v rows (one sync per layer)
+        picks = self._picks(forwards, segs)
+        need = self._need(picks, forwards, segs, plan.T)
         for li, w in enumerate(self.weights):
             if any(want_hidden):
                 self._keep(hidden, X, segs, want_hidden)
             prefixes = [f.cache.view(li) if f.cache is not None else (empty, empty) for f in forwards]
             X, layer_stats, carried = packed_fold_layer(X, plan, w, prefixes, self.delta, m.attn_scale, self.be,
-                                                        qkv=carried)
+                                                        qkv=carried, need=need if li == L - 1 else None)
             for st, ls in zip(stats, layer_stats):
                 st.folded[li] += ls.folded
                 st.positions[li] += ls.draft_positions
@@ -176,7 +182,7 @@ class FoldVerifier:
             st.verifications = 1
             st.root_only = int(sg.B1 == 1)
         self.last_stats = stats
-        return self._heads(X, forwards, segs, hidden)
+        return self._heads(X, forwards, segs, hidden, picks)
 
     # ------------------------------------------------------------------ helpers
     @staticmethod
@@ -185,18 +191,32 @@ class FoldVerifier:
             if wnt:
                 h.append(X[sg.offset: sg.offset + sg.size].view(sg.B1, sg.N, -1))
 
-    def _heads(self, X: torch.Tensor, forwards: list[Forward], segs: list[Segment],
-               hidden: list[list[torch.Tensor]]) -> list[ForwardResult]:
-        """The head once per head kind, over the selected rows of every forward at once."""
-        dev = X.device
+    @staticmethod
+    def _picks(forwards: list[Forward], segs: list[Segment]) -> list[torch.Tensor]:
+        """Per forward, the flat rows (over all segments) the head reads."""
         picks = []
         for f, sg in zip(forwards, segs):
             if f.head_rows is not None:  # each branch's own rows (flat b·N + t)
                 picks.append(sg.offset + f.head_rows)
                 continue
+            dev = f.tokens.device
             at = f.logits_at if f.logits_at is not None else torch.arange(sg.N, device=dev)
             idx = sg.offset + (torch.arange(sg.B1, device=dev)[:, None] * sg.N + at[None, :])  # at: on the model's device
             picks.append(idx.reshape(-1))
+        return picks
+
+    @staticmethod
+    def _need(picks: list[torch.Tensor], forwards: list[Forward], segs: list[Segment], T: int) -> torch.Tensor | None:
+        """The rows whose last-layer output is read: the head's rows, and every row of a forward that
+        returns its hidden states. None when that is every row (nothing to skip)."""
+        parts = [torch.arange(sg.offset, sg.offset + sg.size, device=p.device) if f.return_hidden else p
+                 for p, f, sg in zip(picks, forwards, segs)]
+        need = torch.unique(torch.cat(parts))  # sorted, each row once
+        return None if need.numel() == T else need
+
+    def _heads(self, X: torch.Tensor, forwards: list[Forward], segs: list[Segment],
+               hidden: list[list[torch.Tensor]], picks: list[torch.Tensor]) -> list[ForwardResult]:
+        """The head once per head kind, over the selected rows of every forward at once."""
         logits: list[torch.Tensor | None] = [None] * len(forwards)
         for kind in dict.fromkeys(f.head for f in forwards):
             sel = [i for i, f in enumerate(forwards) if f.head == kind]
