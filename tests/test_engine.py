@@ -172,35 +172,71 @@ def _grouped_forwards(m, g):
     return fws, caches
 
 
-def test_grouped_attention_equals_forward_and_the_per_forward_path(checkpoint, monkeypatch):
+def test_grouped_attention_equals_forward_per_forward(checkpoint, monkeypatch):
     from specfold.models import attention as attn
     llm = LLM(checkpoint("qwen3"), dtype="float64")
     m = llm.model
     planned = []
     plan = attn.Group.plan
     monkeypatch.setattr(attn.Group, "plan", staticmethod(lambda *a: planned.append(plan(*a)) or planned[-1]))
-    runs = []
-    for grouped in (True, False):
-        fws, caches = _grouped_forwards(m, torch.Generator().manual_seed(3))
-        if not grouped:
-            monkeypatch.setattr(attn.Group, "plan", staticmethod(lambda *a: None))
-        ref_caches = [_copy(c) for c in caches]
-        with torch.inference_mode():
-            ref = [m(f.tokens, f.positions, cache=c, mask=f.mask, write_cache=f.write_cache, logits_at=f.logits_at)
-                   for f, c in zip(fws, ref_caches)]
-            got = m.forward_many(fws)
-        for r, o in zip(ref, got):
-            assert (o.logits - r).abs().max().item() <= 1e-12
-        for c, rc in zip(caches, ref_caches):
-            assert c.length == rc.length
-            assert (c.k[:, :, : c.length] - rc.k[:, :, : c.length]).abs().max() <= 1e-12
-        runs.append(([o.logits for o in got], [c.k[:, :, : c.length].clone() for c in caches]))
-    # the first run: forwards 0-3 of (1, 8) are one group; 4 (another length) and 5 (after it) are alone
-    assert [None if p is None else p.idx for p in planned] == [[0, 1, 2, 3], None, None]
-    # the group computes bit for bit what the padded per-forward path computes for the same forwards
-    # (forward 5 ran alone in the first run and padded with 0-3 in the second: equal up to rounding)
-    (lg_a, k_a), (lg_b, k_b) = runs
-    assert all(torch.equal(lg_a[i], lg_b[i]) for i in range(5)) and all(torch.equal(a, b) for a, b in zip(k_a, k_b))
+    fws, caches = _grouped_forwards(m, torch.Generator().manual_seed(3))
+    ref_caches = [_copy(c) for c in caches]
+    with torch.inference_mode():
+        ref = [m(f.tokens, f.positions, cache=c, mask=f.mask, write_cache=f.write_cache, logits_at=f.logits_at)
+               for f, c in zip(fws, ref_caches)]
+        got = m.forward_many(fws)
+    for r, o in zip(ref, got):
+        assert (o.logits - r).abs().max().item() <= 1e-12
+    for c, rc in zip(caches, ref_caches):
+        assert c.length == rc.length
+        assert (c.k[:, :, : c.length] - rc.k[:, :, : c.length]).abs().max() <= 1e-12
+        assert (c.v[:, :, : c.length] - rc.v[:, :, : c.length]).abs().max() <= 1e-12
+    # forwards 0-3 of (1, 8) are one group; 4 (another length) and 5 (after it) are alone
+    assert [p.idx for p in planned] == [[0, 1, 2, 3], [5], [4]]
+
+
+def _naive_attention(q, k, v, pk, pv, mask, scale):
+    """Per branch and head, softmax over [prefix keys; window keys] (the definition, no shared code)."""
+    B, H, T, D = q.shape
+    g = H // k.shape[1]
+    out = torch.empty(B, T, H, D, dtype=q.dtype)
+    for b in range(B):
+        for h in range(H):
+            keys, vals = k[b, h // g], v[b, h // g]
+            s = q[b, h] @ keys.T * scale
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            if pk is not None:
+                s = torch.cat([q[b, h] @ pk[h // g].T * scale, s], -1)
+                vals = torch.cat([pv[h // g], vals])
+            out[b, :, h] = torch.softmax(s, -1) @ vals
+    return out.reshape(B, T, H * D)
+
+
+def test_attention_core_equals_the_definition():
+    """`attention` (one forward) and `attend_padded` (padded branches, padded prefixes) against the
+    naive per-head softmax, in float64: GQA, masks, an empty prefix, several branches."""
+    from specfold.models.attention import attend_padded, attention
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    H, hkv, D, T = 6, 2, 8, 5
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for B, P, m in ((1, 0, None), (1, 7, mask), (3, 4, mask), (2, 0, mask), (3, 6, None)):
+        q, k, v = r(B, H, T, D), r(B, hkv, T, D), r(B, hkv, T, D)
+        pk, pv = (r(hkv, P, D), r(hkv, P, D)) if P else (None, None)
+        want = _naive_attention(q, k, v, pk, pv, m, 0.3)
+        assert (attention(q, k, v, pk, pv, m, 0.3) - want).abs().max() <= 1e-12
+    # two forwards padded to 3 branches and a prefix of 6: the real rows equal each forward alone
+    shapes = ((2, 4), (3, 6))
+    Q, K, V = r(2, 3, H, T, D), r(2, 3, hkv, T, D), r(2, 3, hkv, T, D)
+    PK, PV = r(2, hkv, 6, D), r(2, hkv, 6, D)
+    PK[0, :, 4:] = PV[0, :, 4:] = 1e3  # padded prefix keys: finite junk, masked out
+    valid = torch.arange(6)[None] < torch.tensor([[4], [6]])
+    M = torch.stack([mask, torch.ones(T, T, dtype=torch.bool)])
+    out = attend_padded(Q, K, V, M, PK, PV, valid, 0.3)
+    for i, (B, P) in enumerate(shapes):
+        want = _naive_attention(Q[i, :B], K[i, :B], V[i, :B], PK[i, :, :P], PV[i, :, :P], M[i], 0.3)
+        assert (out[i, :B] - want).abs().max() <= 1e-12
 
 
 def _copy(c):

@@ -11,7 +11,8 @@ the position-wise work over their packed rows and attention per forward against 
     every query also sees the whole cached prefix [0, P) through zero-copy views.
 
 Invariants:
-- the prefix cache is read through views and never copied per branch;
+- the prefix cache is read through views, copied at most once per forward and layer (into the
+  attention's key buffer, models/attention.py), never once per branch;
 - `write_cache=True` (B == 1) appends the window's K/V after the forward: prefill and commit;
 - `logits_at` selects window positions before the head (the head is the largest matmul of a small
   model's forward: compute it only where a rule reads);
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfold.models.attention import Group, attention, attention_many
+from specfold.models.attention import Group, attention
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.moe import MoE
@@ -188,7 +189,8 @@ class Transformer(nn.Module):
         starts = [0]
         for n in sizes[:-1]:
             starts.append(starts[-1] + n)
-        plans = [p for idx in by_len.values() for p in Group.split(forwards, idx, starts, shapes, x.device)]
+        heads = (self.spec.num_heads, self.spec.num_kv_heads, self.spec.head_dim)
+        plans = [p for idx in by_len.values() for p in Group.split(forwards, idx, starts, shapes, heads, x)]
         for li, layer in enumerate(self.layers):
             self._keep(hidden, x, sizes, shapes)
             q, k, v = self._packed_heads(layer, x, cos, sin, qscale)  # [R, H or Hkv, D]
@@ -201,25 +203,14 @@ class Transformer(nn.Module):
         return self._heads_many(forwards, x, sizes, shapes, d, hidden)
 
     def _attend(self, forwards, plans, li, q, k, v, starts, shapes) -> torch.Tensor:
-        """Layer `li`'s attention output for every packed row, in row order; writes the K/V of the
-        forwards that append to their cache. A planned `Group` runs from views of the packed q, k, v;
-        the other forwards go through `attention_many` from per-forward pieces."""
-        def piece(t, i):  # forward i's rows of a packed tensor -> [B, h, T, D]
-            B, T = shapes[i]
-            return t[starts[i]: starts[i] + B * T].view(B, T, t.shape[1], t.shape[2]).transpose(1, 2)
-        chunks: list[tuple[int, torch.Tensor]] = []
-        for idx, group in plans:
-            if group is not None:
-                chunks.append((idx[0], group.attend(forwards, li, q, k, v, self.attn_scale)))
-                continue
-            res = attention_many([(piece(q, i), piece(k, i), piece(v, i)) for i in idx],
-                                 [forwards[i].cache.view(li) if forwards[i].cache is not None else (None, None)
-                                  for i in idx], [forwards[i].mask for i in idx], self.attn_scale)
-            chunks += [(i, o.reshape(shapes[i][0] * shapes[i][1], -1)) for i, o in zip(idx, res)]
+        """Layer `li`'s attention output for every packed row, in row order (one `Group` call per run
+        of same-shape forwards); writes the K/V of the forwards that append to their cache."""
+        chunks = sorted(((g.idx[0], g.attend(forwards, li, q, k, v, self.attn_scale)) for g in plans),
+                        key=lambda c: c[0])
         for i, f in enumerate(forwards):
             if f.write_cache:
-                f.cache.write(li, piece(k, i)[0], piece(v, i)[0])
-        chunks.sort(key=lambda c: c[0])
+                rows = slice(starts[i], starts[i] + shapes[i][1])
+                f.cache.write(li, k[rows].transpose(0, 1), v[rows].transpose(0, 1))
         return chunks[0][1] if len(chunks) == 1 else torch.cat([c for _, c in chunks])
 
     def _packed_rope(self, forwards, shapes, dtype):
