@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/draft_budgets.py [--model tiny]
         [--widths native,0.5b] [--rules native,static] [--batches 1,16] [--budgets auto,0,1,2,4,7]
         [--methods freedave,spiffy,specfold] [--n 8] [--rounds 2] [--max-new-tokens 48]
-        [--runs runs/widened] [--out FILE.json]
+        [--runs runs/widened] [--ab-last-layer] [--out FILE.json]
 
 Per (width, rule, batch) cell: vanilla, and every speculative method at every budget, on the same
 held-out problems (the tiny task, chat template, greedy). A run is one `LLM.generate` call over
@@ -21,12 +21,18 @@ the lowest of these), and the best-of-rounds
 ratio (each chunk at its fastest round: noise only adds time); NFE per request; the token match with vanilla; for auto the budgets it chose
 (drafts per verification: distribution and mean) and the predicted/measured step time.
 
+`--ab-last-layer` adds, for every specfold budget, the same config with the folded verifier's last
+layer on every row (`FoldVerifier.prune_last_layer = False`, the code before it ran only the rows the
+head reads), interleaved in the same units; the verdicts ignore those configs. Auto's cost model is
+shared by both (the same process and key), so only the fixed budgets compare cleanly.
+
 Widened checkpoints (`specfold widen`, 0.5B preset width, the source's depth) are cost proxies with
 the source's function (benchmarks/widened.py); they are kept under --runs.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -60,10 +66,14 @@ def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[
     return out
 
 
+FULL_LAST = " full-last"  # a config name ending so runs with the folded verifier's last layer on every row
+
+
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
-    for p in params.values():  # warm-up (untimed): calibration or its cache, a first acceptance estimate
-        llm.generate(chunks[0][:2], p)
+    for name, p in params.items():  # warm-up (untimed): calibration or its cache, a first acceptance estimate
+        with _last_layer(name):
+            llm.generate(chunks[0][:2], p)
     recs: dict[str, list[dict]] = {k: [] for k in params}
     names = list(params)
     unit = 0
@@ -73,9 +83,10 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
             unit += 1
             for name in order:
                 p = params[name]
-                c0, w0 = time.process_time(), time.perf_counter()
-                outs = llm.generate(chunk, p)
-                cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+                with _last_layer(name):
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    outs = llm.generate(chunk, p)
+                    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
                 budgets = Counter()
                 pred = meas = 0.0
                 for o in outs:
@@ -89,6 +100,17 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
                                    "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets),
                                    "predicted": pred, "measured": meas})
     return recs
+
+
+@contextlib.contextmanager
+def _last_layer(name: str):
+    """Under a `FULL_LAST` config, the folded verifier runs its last layer's FFN on every row."""
+    from specfold.decoding.verify.fold import FoldVerifier
+    FoldVerifier.prune_last_layer = not name.endswith(FULL_LAST)
+    try:
+        yield
+    finally:
+        FoldVerifier.prune_last_layer = True
 
 
 def summarize(recs: dict[str, list[dict]]) -> list[dict]:
@@ -150,7 +172,7 @@ def _best_of_rounds(rs: list[dict]) -> float:
 
 def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
     """Per method: auto against vanilla (>= 0.97) and against the best fixed budget (within 3 %)."""
-    by = {r["config"]: r for r in rows}
+    by = {r["config"]: r for r in rows if not r["config"].endswith(FULL_LAST)}  # the verdicts: this code's
     out = []
     for m in methods:
         auto = by.get(f"{m} auto")
@@ -207,6 +229,9 @@ def main(argv=None) -> int:
                                                         "--widths (e.g. widened copies made elsewhere)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ab-last-layer", action="store_true",
+                    help="also run every specfold budget with the folded verifier's last layer on every row "
+                         "(the code before it ran only the rows the head reads), side by side")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
@@ -226,7 +251,10 @@ def main(argv=None) -> int:
                 data = str(Path(ckpt) / "heldout.jsonl") if (Path(ckpt) / "heldout.jsonl").is_file() else None
                 prompts = [s.prompt for s in task.load(data, a.offset + n)[a.offset:]]
                 t0 = time.perf_counter()
-                recs = run_cell(llm, prompts, batch, configs(methods, budgets, rule, a.max_new_tokens), a.rounds)
+                cfg = configs(methods, budgets, rule, a.max_new_tokens)
+                if a.ab_last_layer:
+                    cfg.update({k + FULL_LAST: v for k, v in list(cfg.items()) if k.startswith("specfold ")})
+                recs = run_cell(llm, prompts, batch, cfg, a.rounds)
                 rows = summarize(recs)
                 key = f"{width} width, {rule} rule, batch {batch}"
                 load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None

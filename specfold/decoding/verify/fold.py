@@ -108,6 +108,9 @@ class FoldVerifier:
     returns_hidden = True  # eager commits write K/V from the verification's hidden states
 
     packs_with_model = False
+    # the last layer's FFN on the rows the head reads only (False: on every row, as before; kept for
+    # side-by-side benchmarks, benchmarks/draft_budgets.py --ab-last-layer)
+    prune_last_layer = True
 
     def __init__(self, model: Transformer, delta: float, backend: str = "torch"):
         self.model, self.delta, self.backend = model, float(delta), backend
@@ -165,7 +168,7 @@ class FoldVerifier:
         want_hidden = [f.return_hidden for f in forwards]
         carried = None  # layer l's post-attention gate decides layer l+1's q/k/v rows (one sync per layer)
         picks = self._picks(forwards, segs)
-        need = self._need(picks, forwards, segs, plan.T)
+        need = self._need(picks, forwards, segs, plan.T) if self.prune_last_layer else None
         for li, w in enumerate(self.weights):
             if any(want_hidden):
                 self._keep(hidden, X, segs, want_hidden)
