@@ -4,22 +4,26 @@ SIGINT ends the run with one line ("interrupted") and exit status 130, SIGTERM w
 143, wherever it lands: parsing, loading the model, encoding and validating the prompts, adding
 requests, a decode step, the progress bar, printing the outputs.
 
-Most interrupts hit forks of one process that has already imported torch and specfold, each fork
-running `specfold.cli.main` on the same argv as the console script would (50 random points, so the
-test takes a minute, not the half hour of 50 fresh interpreters). A fork's clock starts when
+Most interrupts hit forks of one process that has already imported torch and specfold (a fork
+server, tests/forkserver.py: a fresh interpreter, never pytest's own process with the threads and
+locks of every test before it), each fork running `specfold.cli.main` on the same argv as the
+console script would (50 random points, so the test takes a minute, not the half hour of 50 fresh
+interpreters). A fork's clock starts when
 `main` has installed its signal handlers (the child says so), so every interrupt lands in the
 product, none in the harness's own code before it. A few fresh `python -m specfold` processes check
 the real exit path (interpreter shutdown included).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
@@ -44,59 +48,62 @@ def _argv(prompts: Path) -> list[str]:
             "--threads", "1"]
 
 
-def _announce_handlers(ready_w: int) -> None:
-    """In the child: a thread that writes to `ready_w` once the product's signal handlers are
-    installed (`specfold.cli.main` installs them first thing), so that no interrupt lands in the
-    test's own code before them (that would be this harness's traceback, not the product's)."""
-    import threading
+class ForkServer:
+    """tests/forkserver.py in its own session: forks `main(argv)` on request (its pids are this
+    test's to signal); `close` kills it and every fork left."""
 
-    from specfold.interrupts import _Handler
+    def __init__(self):
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "forkserver.py")], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.buf, self.exits = b"", {}
+        self._expect("up", 300)
 
-    def watch():
-        while not isinstance(signal.getsignal(signal.SIGINT), _Handler):
-            time.sleep(0.001)
-        os.write(ready_w, b"1")
-        os.close(ready_w)
-    threading.Thread(target=watch, daemon=True).start()
+    def _messages(self, timeout: float) -> list[dict]:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        if ready:
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            assert chunk, f"the fork server died (status {self.proc.wait()})"
+            self.buf += chunk
+        out = []
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            msg = json.loads(line)
+            if "exit" in msg:
+                self.exits[msg["exit"]] = msg["status"]
+            else:
+                out.append(msg)
+        return out
 
+    def _expect(self, key: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in self._messages(0.05):
+                if key in msg:
+                    return msg[key]
+        pytest.fail(f"the fork server sent no {key!r} within {timeout} s")
 
-def _fork_main(argv: list[str], out: Path) -> int:
-    """Run `main(argv)` in a fork with stdout/stderr to files; the child exits as the console
-    script would (an escaping exception prints its traceback and exits 1). Returns once main has
-    installed its signal handlers (the child's delay starts then; the parent sends nothing before)."""
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(ready_w)
-        os.read(ready_r, 1)
-        os.close(ready_r)
-        return pid
-    try:  # the child: never return into pytest
-        os.close(ready_r)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        fd_out = os.open(out.with_suffix(".out"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        fd_err = os.open(out.with_suffix(".err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        os.dup2(fd_out, 1)
-        os.dup2(fd_err, 2)
-        sys.stdout = open(1, "w", closefd=False)
-        sys.stderr = open(2, "w", closefd=False)
-        from specfold.cli import main
-        _announce_handlers(ready_w)
-        rc = main(argv)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
-    except BaseException:  # what the interpreter would print for an exception out of main
-        try:
-            traceback.print_exc()
-            sys.stderr.flush()
-        finally:
-            os._exit(1)
+    def _send(self, msg: dict) -> None:
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
 
+    def load(self, module: str) -> None:
+        self._send({"import": module})
+        self._expect("imported", 300)
 
-def _status(raw: int) -> int:
-    return os.waitstatus_to_exitcode(raw)
+    def fork(self, argv: list[str], out: Path) -> int:
+        """Fork `main(argv)` (stdout/stderr to out.out / out.err); returns once its handlers are up."""
+        self._send({"fork": argv, "out": str(out)})
+        return self._expect("pid", 300)
+
+    def status(self, pid: int) -> int | None:
+        self._messages(0)
+        return self.exits.pop(pid, None)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 def _decoding(err: Path) -> bool:
@@ -104,7 +111,8 @@ def _decoding(err: Path) -> bool:
     return err.is_file() and "generate:" in err.read_text(errors="replace")
 
 
-def _interrupt_all(argv: list[str], plan: list[tuple[str, float]], tmp_path: Path, tag: str) -> list:
+def _interrupt_all(server: ForkServer, argv: list[str], plan: list[tuple[str, float]], tmp_path: Path,
+                   tag: str) -> list:
     """Fork `main(argv)` per plan entry, PARALLEL at a time, and SIGINT each `delay` s after it is
     ready ("start") or after its progress bar is up ("decode"). -> [(exit status, stderr)]."""
     results = []
@@ -115,7 +123,7 @@ def _interrupt_all(argv: list[str], plan: list[tuple[str, float]], tmp_path: Pat
             i, (phase, d) = pending.pop(0)
             files = tmp_path / f"{tag}{i}"
             now = time.monotonic()
-            running[_fork_main(argv, files)] = [d, now if phase == "start" else None, files.with_suffix(".err"), now]
+            running[server.fork(argv, files)] = [d, now if phase == "start" else None, files.with_suffix(".err"), now]
         now = time.monotonic()
         for pid, r in running.items():
             if r[1] is None and _decoding(r[2]):
@@ -124,32 +132,32 @@ def _interrupt_all(argv: list[str], plan: list[tuple[str, float]], tmp_path: Pat
                 os.kill(pid, signal.SIGINT)
                 r[0] = None
         for pid, r in list(running.items()):
-            done, raw = os.waitpid(pid, os.WNOHANG)
-            if done:
+            status = server.status(pid)
+            if status is not None:
                 del running[pid]
-                results.append((_status(raw), r[2].read_text(errors="replace")))
+                results.append((status, r[2].read_text(errors="replace")))
             elif now - r[3] > 300:
-                os.kill(pid, signal.SIGKILL)
                 pytest.fail(f"a run did not end within 300 s of its start: {r[2].read_text()[-2000:]}")
         time.sleep(0.01)
     return results
 
 
 def test_ctrl_c_at_50_random_points_of_a_long_run(tmp_path):
-    import torch  # noqa: F401 (imported once here; the forks share it)
-
-    import specfold.api  # noqa: F401
-    import specfold.cli  # noqa: F401
     argv = _argv(_prompts(tmp_path))
     rng = random.Random(22)
-    # half anywhere in the first seconds: parsing, lazy imports (torch._dynamo and triton, which the
-    # model's construction pulls in), loading, encoding and validating 1,000 prompts
-    results = _interrupt_all(argv, [("start", rng.uniform(0.0, 5.0)) for _ in range(N_FORKED // 2)], tmp_path, "s")
-    # half at a random point of the first 3 s of decoding (adding requests, steps, the progress bar);
-    # those lazy imports are done in this process first, so that these runs reach decoding sooner
-    import torch._dynamo  # noqa: F401
-    results += _interrupt_all(argv, [("decode", rng.uniform(0.0, 3.0)) for _ in range(N_FORKED - N_FORKED // 2)],
-                              tmp_path, "d")
+    server = ForkServer()
+    try:
+        # half anywhere in the first seconds: parsing, lazy imports (torch._dynamo and triton, which
+        # the model's construction pulls in), loading, encoding and validating 1,000 prompts
+        results = _interrupt_all(server, argv, [("start", rng.uniform(0.0, 5.0)) for _ in range(N_FORKED // 2)],
+                                 tmp_path, "s")
+        # half at a random point of the first 3 s of decoding (adding requests, steps, the progress
+        # bar); those lazy imports are done in the server first, so that these runs reach decoding sooner
+        server.load("torch._dynamo")
+        results += _interrupt_all(server, argv, [("decode", rng.uniform(0.0, 3.0))
+                                                 for _ in range(N_FORKED - N_FORKED // 2)], tmp_path, "d")
+    finally:
+        server.close()
     bad = [err for _, err in results if "Traceback" in err or "terminate called" in err]
     assert not bad, f"{len(bad)} of {len(results)} interrupts printed a traceback:\n{bad[0][-3000:]}"
     assert [rc for rc, _ in results] == [130] * N_FORKED, [(rc, err[-500:]) for rc, err in results if rc != 130]

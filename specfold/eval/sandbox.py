@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from functools import lru_cache
@@ -385,6 +385,19 @@ def _run_in_group(group: Group, source: str, limits: Limits) -> RunResult:
         GROUP.group = None
 
 
+def _results(futures: list[Future], poll_s: float = 0.1) -> list:
+    """The futures' results in order; the first exception raises as soon as it is known. The wait
+    is bounded: a signal the kernel delivers to a worker thread does not wake the main thread from
+    an unbounded lock wait, so its handler (SIGTERM's cleanup, KeyboardInterrupt) would wait until
+    every program ended; here it runs within `poll_s`."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=poll_s, return_when=FIRST_EXCEPTION)
+        for f in done:
+            f.result()
+    return [f.result() for f in futures]
+
+
 def run_many(sources: list[str], limits: Limits = Limits(), workers: int = 1) -> list[RunResult]:
     """`run_program` over many programs, `workers` at a time (results in input order). An
     exception in the caller's thread while it waits (KeyboardInterrupt, the CLI's SIGTERM)
@@ -396,7 +409,7 @@ def run_many(sources: list[str], limits: Limits = Limits(), workers: int = 1) ->
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
         futures = [pool.submit(_run_in_group, group, s, limits) for s in sources]
-        return [f.result() for f in futures]
+        return _results(futures)
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         group.stop()

@@ -92,10 +92,33 @@ _STARTS = {"n": 0, "main": False, "pending": 0, "stop": False}  # runs being set
 _STARTS_LOCK = threading.Lock()
 
 
+def _processes_of(run_ids: list[str]) -> list[int]:
+    """Pids whose command line names one of `run_ids` (a bwrap run's outer process and its
+    PID-namespace init, which is a fork of it)."""
+    keys = [r.encode() for r in run_ids]
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if any(k in cmd for k in keys):
+                pids.append(int(d))
+    return pids
+
+
 def _terminate(signum: int) -> None:
-    for pgid in list(LIVE.values()):
+    """Kill every run and die of `signum`. The namespace inits are killed by pid too: this process
+    dies next, before any worker could reap a run's namespace, and an init that had not yet armed
+    bwrap's parent-death signal when its outer process died would otherwise live on."""
+    runs = list(LIVE.items())
+    for _, pgid in runs:
+        killpg(pgid)
+    for pid in _processes_of([run_id for run_id, _ in runs]):
         try:
-            os.killpg(pgid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
     for top in Path(tempfile.gettempdir()).glob(f"specfold-sandbox-{os.getpid()}-*"):
