@@ -2,11 +2,13 @@
 
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/draft_budgets.py [--model tiny]
         [--widths native,0.5b] [--rules native,static] [--batches 1,16] [--budgets auto,0,1,2,4,7]
-        [--methods freedave,spiffy,specfold] [--n 8] [--rounds 2] [--max-new-tokens 48]
+        [--methods freedave,spiffy,specfold] [--n 8] [--rounds 2] [--max-new-tokens 48] [--offset 0]
+        [--fresh SEED]
         [--runs runs/widened] [--ab-last-layer] [--out FILE.json]
 
 Per (width, rule, batch) cell: vanilla, and every speculative method at every budget, on the same
-held-out problems (the tiny task, chat template, greedy). A run is one `LLM.generate` call over
+problems (the tiny task's held-out set, or with `--fresh SEED` problems of its fresh stream SEED that
+no split of the shipped model has seen; chat template, greedy). A run is one `LLM.generate` call over
 `batch` prompts (batch 1: one prompt at a time, `n` of them; batch B: B prompts at once through one
 engine, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
 repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
@@ -67,6 +69,21 @@ def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[
 
 
 FULL_LAST = " full-last"  # a config name ending so runs with the folded verifier's last layer on every row
+
+
+def problems_file(ckpt: str, seed: int | None, n: int, runs: Path) -> str | None:
+    """The cell's problem file: `n` fresh problems of stream `fresh-{seed}` (written once under
+    `runs`), else the checkpoint's held-out set (None: the task's own)."""
+    if seed is not None:
+        from specfold.tiny import data as D
+        from specfold.tiny.fresh import fresh
+        path = runs / f"fresh-{seed}-{n}.jsonl"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            D.save_jsonl(fresh(seed, n), path)
+        return str(path)
+    held = Path(ckpt) / "heldout.jsonl"
+    return str(held) if held.is_file() else None
 
 
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
@@ -223,7 +240,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=8, help="problems per batch-1 cell (batch B: B problems)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--offset", type=int, default=0, help="first held-out problem")
+    ap.add_argument("--offset", type=int, default=0, help="first problem of the set")
+    ap.add_argument("--fresh", type=int, default=None, metavar="SEED",
+                    help="problems from the tiny task's fresh stream SEED (specfold.tiny.fresh: no held-out, "
+                         "training, tokenizer or calibration question) instead of the held-out set")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "widened"))
     ap.add_argument("--checkpoints", default=None, help="comma-separated checkpoint folders to run instead of "
                                                         "--widths (e.g. widened copies made elsewhere)")
@@ -248,7 +268,7 @@ def main(argv=None) -> int:
         for rule in a.rules.split(","):
             for batch in (int(x) for x in a.batches.split(",")):
                 n = a.n if batch == 1 else batch
-                data = str(Path(ckpt) / "heldout.jsonl") if (Path(ckpt) / "heldout.jsonl").is_file() else None
+                data = problems_file(ckpt, a.fresh, a.offset + n, Path(a.runs))
                 prompts = [s.prompt for s in task.load(data, a.offset + n)[a.offset:]]
                 t0 = time.perf_counter()
                 cfg = configs(methods, budgets, rule, a.max_new_tokens)
