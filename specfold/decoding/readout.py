@@ -67,13 +67,20 @@ def state_key(seed: int, start: int, state: list[int], position: int) -> int:
     return (h * _STRIDE + position) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def read_rows(logits: torch.Tensor, mask_id: int, r: Read) -> torch.Tensor:
-    """logits [R, V] -> [R, r.width] float64 on the same device (no host read)."""
+def read_rows(logits: torch.Tensor, mask_id: int, r: Read, owned: bool = False) -> torch.Tensor:
+    """logits [R, V] -> [R, r.width] float64 on the same device (no host read). `owned`: the caller
+    will not use `logits` again, so the mask token's column is overwritten in place (no copy)."""
     f = torch.float64 if logits.dtype == torch.float64 else torch.float32
-    lg = logits.to(f).index_fill(1, _index(mask_id, logits.device), float("-inf"))  # a copy: logits stay
+    lg = logits.to(f)
+    index = _index(mask_id, logits.device)
+    lg = lg.index_fill_(1, index, float("-inf")) if owned or lg is not logits else lg.index_fill(1, index, float("-inf"))
     logp = torch.log_softmax(lg, dim=-1)
-    probs = None  # made only for the reads that need every probability (see _conf)
     tok0 = lg.argmax(-1)
+    if r.kind == "max_prob" and not r.topk and r.temperature == 0 and r.logprobs is None:
+        # the common read: [token, max probability]. The argmax row's log-probability is the row's
+        # largest (0 - logsumexp; every other entry is (x - max) - logsumexp <= that), so amax reads it
+        return torch.stack([tok0.to(f), logp.amax(-1).exp()], dim=1).double()
+    probs = None  # made only for the reads that need every probability (see _conf)
     if r.kind == "max_prob" and not (r.topk and r.probs):
         cols = [tok0.double(), _conf(None, logp, tok0, r.kind)]
     else:
@@ -144,6 +151,8 @@ def _gumbel(logp: torch.Tensor, keys: list[int] | None) -> torch.Tensor:
 def split_rows(flat: list[float], n: int, r: Read) -> list[Row]:
     """The host list of `n` rows of layout `r` -> Row objects."""
     w, out = r.width, []
+    if w == 2:  # [token, conf] rows (the common read)
+        return [Row(int(t), c, int(t), c, None, None) for t, c in zip(flat[0::2], flat[1::2])]
     k = r.topk
     for i in range(n):
         v = flat[i * w: (i + 1) * w]

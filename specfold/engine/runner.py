@@ -139,7 +139,8 @@ class ModelRunner:
             r0 = jobs[idx[0]].read
             keys = None if r0.keys is None else [k for i in idx for k in jobs[i].read.keys]
             read = Read(r0.kind, r0.temperature, r0.topk, r0.probs, keys, r0.logprobs)
-            parts.append(read_rows(rows[0] if len(rows) == 1 else torch.cat(rows), self.M, read).reshape(-1))
+            # owned: the logits are the step's own (no result carries them), so masking may be in place
+            parts.append(read_rows(rows[0] if len(rows) == 1 else torch.cat(rows), self.M, read, owned=True).reshape(-1))
             for i, x in zip(idx, rows):
                 spans[i] = (o, x.shape[0])
                 o += x.shape[0] * read.width
