@@ -76,16 +76,12 @@ def read_rows(logits: torch.Tensor, mask_id: int, r: Read, owned: bool = False) 
     lg = lg.index_fill_(1, index, float("-inf")) if owned or lg is not logits else lg.index_fill(1, index, float("-inf"))
     logp = torch.log_softmax(lg, dim=-1)
     tok0 = lg.argmax(-1)
-    if r.kind == "max_prob" and not r.topk and r.temperature == 0 and r.logprobs is None:
-        # the common read: [token, max probability]. The argmax row's log-probability is the row's
-        # largest (0 - logsumexp; every other entry is (x - max) - logsumexp <= that), so amax reads it
-        return torch.stack([tok0.to(f), logp.amax(-1).exp()], dim=1).double()
-    probs = None  # made only for the reads that need every probability (see _conf)
-    if r.kind == "max_prob" and not (r.topk and r.probs):
-        cols = [tok0.double(), _conf(None, logp, tok0, r.kind)]
-    else:
-        probs = logp.exp()
-        cols = [tok0.double(), _conf(probs, logp, tok0, r.kind)]
+    # every probability only for the reads that need it (see _conf)
+    probs = logp.exp() if r.kind != "max_prob" or (r.topk and r.probs) else None
+    # max_prob of the argmax: its log-probability is the row's largest (0 - logsumexp; every other
+    # entry is (x - max) - logsumexp <= that), so amax reads it without a gather
+    conf0 = logp.amax(-1).exp().double() if r.kind == "max_prob" else _conf(probs, logp, tok0, r.kind)
+    cols = [tok0.double(), conf0]
     if r.temperature > 0:
         lt = lg / r.temperature
         logpt = torch.log_softmax(lt, dim=-1)
