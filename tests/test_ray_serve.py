@@ -112,27 +112,39 @@ def is_error_body(b) -> bool:
 # ---------------------------------------------------------------------------------- the CLI
 @pytest.fixture(scope="module")
 def cli_server():
-    """`specfold serve --model tiny --replicas 2 --replica-cpus 1`, joining this process's cluster."""
+    """`specfold serve --model tiny --replicas 2 --replica-cpus 1`, joining this process's cluster.
+
+    Ready when the CLI says it serves (it says so once `serve.run` has returned: Serve's controller
+    holds both replicas as running, so the ingress's router will route to both) and both replicas
+    report RUNNING to the ingress. The replicas report from their constructors, before the
+    controller counts them as running, so their reports alone are not enough."""
     address, url = ray_cluster(), serve_url()
     port = url.rsplit(":", 1)[1]
     cmd = [sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--replicas", "2", "--replica-cpus", "1",
            "--ray-address", address, "--port", port, "--max-new-tokens", "64", "--log-level", "warning"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+
     def ready() -> bool:
-        return proc.poll() is not None or (_up(url) and len(running_replicas(url)) == 2)
+        said = any(line.startswith("specfold: serving 'tiny'") for line in err)
+        return proc.poll() is not None or (said and _up(url) and len(running_replicas(url)) == 2)
     try:
         wait_until(ready, "the CLI's replicas", limit=240, every=0.5)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, "".join(err)[-3000:]
         yield url
     finally:
         proc.send_signal(signal.SIGINT)
         try:
-            _, err = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert proc.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
+        reader.join(10)
+    text = "".join(err)
+    assert proc.returncode == 130 and text.strip().endswith("interrupted"), text[-2000:]
 
 
 def _up(url: str) -> bool:
