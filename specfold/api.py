@@ -5,7 +5,8 @@
 
 `generate` adds every prompt to an `Engine` and steps it until all are done (continuous batching:
 prompts join as running ones finish). With `DecodeParams` (the all-in-one convenience) it splits
-them into an `EngineConfig` for this call and `SamplingParams` per prompt.
+them into an `EngineConfig` and `SamplingParams` per prompt, and runs them on the engine an
+earlier call built for the same settings (a few are kept), else on a new one.
 
 Invariants: prompts are validated before any forward (non-empty list; each a non-empty string or a
 list of in-vocabulary token ids; prompt + max_new_tokens within the model's context); nothing is
@@ -15,6 +16,7 @@ truncated. Each request has its own prefix cache; stats are returned per request
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from types import SimpleNamespace
 from pathlib import Path
 import warnings
@@ -35,6 +37,7 @@ from specfold.params import DecodeParams, EngineConfig, SamplingParams
 from specfold.outputs import DecodeStats
 from specfold.text import check_text
 
+ENGINES_KEPT = 4  # engines generate() keeps for DecodeParams settings (least recently used dropped)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16}
 
@@ -89,6 +92,7 @@ class LLM:
             config = EngineConfig(**engine_kw)
         self.engine_config = config
         self._engine: Engine | None = None
+        self._engines: OrderedDict[tuple, Engine] = OrderedDict()  # generate()'s DecodeParams engines
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Prompt, params: SamplingParams | DecodeParams) -> list[int]:
@@ -141,7 +145,7 @@ class LLM:
             params = SamplingParams()
         if isinstance(params, DecodeParams):
             config, sp = params.split()
-            engine = Engine(self, config)
+            engine = self._engine_for(config)
             per = [sp] * len(prompts)
         else:
             per = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
@@ -153,6 +157,23 @@ class LLM:
         encoded = [self.encode(pr, p) for pr, p in zip(prompts, per)]
         configs = [engine.validate(ids, p) for ids, p in zip(encoded, per)]  # every prompt, before any forward
         return _drain(engine, prompts, encoded, per, configs, use_tqdm)
+
+
+    def _engine_for(self, config: EngineConfig) -> Engine:
+        """The engine an earlier `generate` built for these settings (idle: every call drains or
+        aborts its requests), else a new one; the ENGINES_KEPT most recently used are kept, so a
+        caller alternating settings does not rebuild a method's program (graph, fold parameters)
+        and cost model each call."""
+        graph = config.graph
+        stamp = os.stat(graph).st_mtime_ns if isinstance(graph, (str, os.PathLike)) and os.path.isfile(graph) else None
+        key = (repr(config), stamp)
+        engine = self._engines.pop(key, None)
+        if engine is None or engine.has_unfinished():
+            engine = Engine(self, config)
+        self._engines[key] = engine
+        while len(self._engines) > ENGINES_KEPT:
+            self._engines.popitem(last=False)
+        return engine
 
 
 class Decoder:

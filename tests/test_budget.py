@@ -22,7 +22,7 @@ from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
 from specfold.decoding.drafts import acceptance as A
 from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.engine import cost as C
-from specfold.engine.budget import best_closure
+from specfold.engine.budget import BudgetChooser, best_closure
 from specfold.engine.cost import CostModel, Shape
 from specfold.errors import ParamsError
 from specfold.models.forward import Forward
@@ -182,6 +182,42 @@ def test_auto_is_exact_at_temperature_and_on_the_tiny_model():
             assert [llm.generate([q], p)[0].token_ids for q in qs] == van, (rule, kw)
 
 
+def test_auto_skips_the_choice_where_drafts_never_pay(checkpoint):
+    """On a machine where a draft's rows cost far more than it can save, no draft is chosen, so the
+    chooser backs off (steps not even evaluated: 0, 1, 3, then 7 at most after 1, 2, 3, 4+ steps
+    without drafts in a row); tokens are vanilla's, no draft is verified. Where drafts pay, it drafts."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    A.reset_registry()
+    auto = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["spiffy"])
+    cfg = auto.split()[0]
+    want = _batched(llm, DecodeParams(rule="threshold", threshold=0.6).split()[0], PROMPTS, MAX_NEW)
+    for slope, drafts in ((10.0, False), (0.06 / 8, True)):
+        _install_cost(llm, cfg, slope=slope)
+        eng = llm.engine(cfg)
+        outs, ids = {}, [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i))
+                         for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+        verify_steps = 0
+        while eng.has_unfinished():
+            verify_steps += any(r.state is not None and r.state.phase == "denoise" for r in eng.running)
+            for d in eng.step():
+                if d.finished:
+                    outs[d.request_id] = d.output
+        got = [outs[r] for r in ids]
+        assert [g.token_ids for g in got] == [w.token_ids for w in want]
+        verified = sum(g.stats.extra["drafts_verified"] for g in got)
+        if drafts:
+            assert verified > 0
+        else:
+            assert verified == 0 and eng.budget.steps < 0.6 * verify_steps, (eng.budget.steps, verify_steps)
+    ch = BudgetChooser.__new__(BudgetChooser)
+    ch._idle = [0, 0]
+    seen = []
+    for drafted in (False, False, False, False, False, True, False, False):
+        ch._idle_after(drafted)
+        seen.append(ch._idle[0])
+    assert seen == [0, 1, 3, 7, 7, 0, 0, 1]
+
+
 # ---------------------------------------------------------------------------- fixed budgets
 def test_fixed_budgets(checkpoint):
     llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
@@ -263,6 +299,9 @@ def test_acceptance_priors_and_online_counts(tmp_path):
         acc.drafted(3)
         acc.hit(3)
     assert acc.p(3) > 0.95  # the online counts outweigh the prior
+    assert acc.best(2) == max(acc.p(1), acc.p(2)) and acc.best(3) == acc.p(3)  # memoised, yet current
+    acc.drafted(1)
+    assert acc.best(1) == acc.p(1) < 0.6
     chain = A.graph_priors(DraftGraph.chain(3))
     assert chain[1][0] > chain[2][0] > chain[3][0]
     # the shipped graphs carry their calibration's estimates, and to_depth keeps them per node

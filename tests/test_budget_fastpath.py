@@ -197,9 +197,32 @@ class _RefCost(CostModel):
             self.f[k] = max(self.f[k], self.f[k - 1])
         self.observations += 1
 
+    def observe_host(self, s: Shape, seconds: float) -> None:
+        """The host terms' refinement (the code of ebb24c0, verbatim)."""
+        if seconds <= 0:
+            return
+        pred = self.host_of(s)
+        e = max(-0.5 * max(pred, seconds), min(0.5 * max(pred, seconds), seconds - pred))
+        e *= 2 * (0.3 if e > 0 else 1 - 0.3)
+        vals = [(n, x, max(getattr(self, n), _FLOORS[n])) for n, x in
+                (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts)) if x]
+        den = sum((x * sc) ** 2 for _, x, sc in vals)
+        for n, x, sc in vals:
+            setattr(self, n, max(0.0, getattr(self, n) + 0.15 * e * x * sc * sc / den))
+        self.host_observations += 1
+
+    def _get(self, name: str, idx: int | None) -> float:
+        return self.f[idx] if name == "f" else getattr(self, name)
+
+    def _set(self, name: str, idx: int | None, v: float) -> None:
+        if name == "f":
+            self.f[idx] = v
+        else:
+            setattr(self, name, v)
 
 
-_FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9}
+_FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
+           "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}
 
 
 def _cost(rng, cls=CostModel):
@@ -266,6 +289,23 @@ def test_cost_model_fast_paths_match_the_reference():
                 (b.grid, b.f, b.c_attn, b.c_head, b.fold0, b.fold_row)
 
 
+def test_host_refinement_matches_the_reference():
+    """The host terms move exactly as the reference's, from zero and from random starts."""
+    rng = random.Random(23)
+    for trial in range(300):
+        h = [0.0, 0.0, 0.0] if trial % 3 == 0 else [rng.uniform(0, 1e-3) for _ in range(3)]
+        a = CostModel([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2])
+        b = _RefCost([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2])
+        for _ in range(40):
+            s = Shape(16.0, 0.0, 0.0, jobs=float(rng.randint(0, 16)), drafts=float(rng.choice([0, 0, rng.randint(1, 40)])))
+            sec = rng.choice([0.0, -1e-4, rng.uniform(1e-6, 3e-3)])
+            a.observe_host(s, sec)
+            _RefCost.observe_host(b, s, sec)
+            assert (a.host0, a.host_job, a.host_draft, a.host_observations) == \
+                (b.host0, b.host_job, b.host_draft, b.host_observations)
+        assert a.host0 > 0  # it learnt something
+
+
 def _ref_buckets(p):
     conf = {}
     st = p.parent
@@ -318,6 +358,9 @@ def test_screen_is_the_reference_screen():
         def p(self, i, b=None):
             return self.rates[i - 1]
 
+        def best(self, n):
+            return max(self.p(i) for i in range(1, n + 1))
+
     for _ in range(1000):
         ch = BudgetChooser.__new__(BudgetChooser)
         ch.cost = _cost(rng)
@@ -354,3 +397,41 @@ def test_screen_is_the_reference_screen():
         assert ch._worth_drafting(F0, live, parents) == want
         V0 = sum(min(tau, p.masked) for _, p in live)
         assert ch._worth_drafting(F0, live, parents, V0 / c.predict(F0, host=True)) == want
+
+
+def _ref_job_shape(job, folded: bool, rho: float) -> Shape:
+    """One job's cost features (the code of ebb24c0, verbatim)."""
+    if job.kind == "reuse":
+        return Shape(jobs=1)
+    B, T = len(job.tokens), job.width
+    kv = job.start if job.cache is not None else 0
+    attn = B * T * (kv + T)
+    if folded and B > 1:
+        D = (B - 1) * T
+        return Shape(T + (1.0 - rho) * D, attn, job.head_rows, D, 1, 1, B - 1)
+    return Shape(B * T, attn, job.head_rows, jobs=1, drafts=B - 1 if job.kind == "verify" else 0)
+
+
+def test_step_shape_is_the_sum_of_the_jobs_shapes():
+    """A step's shape (summed in floats) is the reference's Shape.plus over each job's, for the
+    chooser's base (every job folded when the verifier folds) and for the measured step (only
+    verifications folded)."""
+    from specfold.decoding.jobs import Job
+    from specfold.engine.budget import jobs_shape
+    rng = random.Random(41)
+    cache = object()
+    for _ in range(500):
+        jobs = []
+        for _ in range(rng.randint(0, 6)):
+            B, T = rng.randint(1, 5), rng.choice([4, 8, 16])
+            kind = rng.choice(["verify", "verify", "prefill", "commit", "reuse"])
+            rows_at = sorted(rng.sample(range(B * T), rng.randint(0, B * T))) if rng.random() < 0.7 else None
+            jobs.append(Job([[0] * T for _ in range(B)], rng.randint(0, 300), cache if rng.random() < 0.8 else None,
+                            rows_at=rows_at, logits_at=[0, 1] if rows_at is None and rng.random() < 0.5 else None,
+                            kind=kind))
+        rho, folded = rng.uniform(0, 1), rng.random() < 0.5
+        for verify_only in (False, True):
+            want = Shape()
+            for j in jobs:
+                want = want.plus(_ref_job_shape(j, folded and (j.kind == "verify" or not verify_only), rho))
+            assert jobs_shape(jobs, folded, rho, verify_only) == want

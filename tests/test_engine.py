@@ -5,6 +5,8 @@ Batch invariance is checked in float64 against the same method decoding one requ
 (itself checked against vanilla and the cache-free reference in test_decoding/test_speculative)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -324,6 +326,36 @@ def test_abort_frees_and_leaves_others_unchanged(checkpoint):
     for i in (0, 2, 3, 4):
         assert outs[ids[i]].token_ids == want[i].token_ids
     assert eng.memory_bytes() == 0 and not eng.requests
+
+
+def test_generate_reuses_the_engine_of_the_same_settings(checkpoint, tmp_path):
+    """`generate` with DecodeParams runs on the engine an earlier call built for the same settings
+    (its program and cost model are not rebuilt), with the tokens a fresh engine gives; other
+    settings get their own engine, at most ENGINES_KEPT are kept, and a graph file rewritten since
+    is read again."""
+    from specfold import api
+    llm = _llm(checkpoint, "bc")
+    spiffy = DecodeParams(method="spiffy", branches=8, graph=MIXED, rule="threshold", threshold=0.6, max_new_tokens=16)
+    first = llm.generate(PROMPTS[:2], spiffy)
+    (engine,) = llm._engines.values()
+    again = llm.generate(PROMPTS[2:4], spiffy.replace(seed=3))  # a sampling field: the same engine
+    assert list(llm._engines.values()) == [engine] and not engine.has_unfinished()
+    cfg, sp = spiffy.split()
+    want = [llm.engine(cfg).run_one(p, sp).token_ids for p in PROMPTS[:4]]  # each on an engine of its own
+    assert [o.token_ids for o in first + again] == want
+    for k in range(1, api.ENGINES_KEPT + 1):  # other settings: engines of their own, the oldest dropped
+        llm.generate(PROMPTS[:1], spiffy.replace(branches=8 - k))
+    assert len(llm._engines) == api.ENGINES_KEPT and engine not in llm._engines.values()
+    graph = tmp_path / "g.json"
+    MIXED.save(graph)
+    g = spiffy.replace(graph=str(graph))
+    llm.generate(PROMPTS[:1], g)
+    before = llm._engines[next(reversed(llm._engines))]
+    llm.generate(PROMPTS[:1], g)
+    assert llm._engines[next(reversed(llm._engines))] is before
+    os.utime(graph, ns=(graph.stat().st_mtime_ns + 10**9,) * 2)  # rewritten: read again
+    llm.generate(PROMPTS[:1], g)
+    assert llm._engines[next(reversed(llm._engines))] is not before
 
 
 # ---------------------------------------------------------------------------- deltas, stop strings

@@ -28,7 +28,10 @@ prefix is closed under parents. The step's ratio is evaluated exactly at every p
 included: no drafts when none pays). Before drafting, the same choice runs on the policy's graph
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
 at all, and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
-steps (reset when drafts are chosen again). Host only: integers and floats, no tensor is read.
+steps (reset when drafts are chosen again). After k steps in a row that could draft and verify no
+draft, the next min(2^(k-1) - 1, 7) steps of the whole engine are not evaluated at all (no drafts,
+nothing predicted or observed), so that auto costs about what budget 0 costs where drafting does
+not pay. Host only: integers and floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.
@@ -48,20 +51,36 @@ from specfold.engine.cost import CostModel, Shape, clock_for, cost_model_for, ho
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
 RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
 BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that were not chosen
+IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped between two choices
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
 
 
-def job_shape(job: Job, folded: bool, rho: float) -> Shape:
-    """The cost features of one job; `folded`: a verification that goes through the folded verifier."""
-    if job.kind == "reuse":
-        return Shape(jobs=1)
-    B, T = len(job.tokens), job.width
-    kv = job.start if job.cache is not None else 0
-    attn = B * T * (kv + T)
-    if folded and B > 1:
-        D = (B - 1) * T
-        return Shape(T + (1.0 - rho) * D, attn, job.head_rows, D, 1, 1, B - 1)
-    return Shape(B * T, attn, job.head_rows, jobs=1, drafts=B - 1 if job.kind == "verify" else 0)
+def jobs_shape(jobs: list[Job], folded: bool, rho: float, verify_only: bool = False) -> Shape:
+    """The cost features of a step's jobs, summed (Shape.plus over each job's own, in plain floats:
+    this runs every step). `folded`: verifications go through the folded verifier; `verify_only`:
+    only verifications do (the others are dense)."""
+    rows = attn = head = fold = jobs_n = drafts = 0.0
+    fold_calls = 0
+    for job in jobs:
+        kind = job.kind
+        jobs_n += 1
+        if kind == "reuse":
+            continue
+        B, T = len(job.tokens), len(job.tokens[0])
+        kv = job.start if job.cache is not None else 0
+        attn += B * T * (kv + T)
+        head += job.head_rows
+        if folded and B > 1 and (kind == "verify" or not verify_only):
+            D = (B - 1) * T
+            rows += T + (1.0 - rho) * D
+            fold += D
+            fold_calls = 1
+            drafts += B - 1
+        else:
+            rows += B * T
+            if kind == "verify":
+                drafts += B - 1
+    return Shape(rows, attn, head, fold, fold_calls, jobs_n, drafts)
 
 
 class BudgetChooser:
@@ -72,12 +91,13 @@ class BudgetChooser:
         v = program.verifier
         self.folded = v is not None and not getattr(v, "packs_with_model", True)
         self.acceptance = getattr(program, "acceptance", None)
+        self.parents = program.draft_tree() if self.acceptance is not None else None  # fixed per program
         self.drafts = self.acceptance is not None  # the program proposes drafts (else: nothing to choose)
         self.max_seqs, self.max_rows = config.max_num_seqs, config.max_num_batched_tokens
         self.cost: CostModel | None = None
         if self.auto and self.acceptance is not None:  # start-up calibration (or the cached one)
             W = config.block_size or 16
-            nodes = len(program.draft_tree() or [0] * 8)
+            nodes = len(self.parents or [0] * 8)
             self.cost = cost_model_for(model, spec, program.verifier, W,
                                        min(self.max_rows, self.max_seqs * (1 + nodes) * W))
         self.rho = RHO_START
@@ -89,6 +109,7 @@ class BudgetChooser:
         self._step_t0 = 0.0
         self._model_s = 0.0  # this step's model call on that clock
         self._shape: Shape | None = None  # this step's jobs
+        self._idle = [0, 0]  # [steps left to skip, steps in a row without drafts]: `_idle_after`
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
@@ -102,6 +123,12 @@ class BudgetChooser:
         for req in reqs:
             req.draft_budget = None  # causal programs: their configured branches
         live = [(r, p) for r, p in zip(reqs, props) if p is not None]
+        if live and self._idle[0] > 0:  # no draft was chosen in the last steps: `_idle_after`
+            self._idle[0] -= 1
+            material = True if self._idle[0] <= 1 else None  # the next choice's drafts are made from it
+            for r, _ in live:
+                r.draft_pick, r.still_drafting = [], material
+            return None  # not evaluated: neither predicted nor observed
         if not live or self.cost is None:
             for r, _ in live:
                 r.draft_pick = []
@@ -112,7 +139,7 @@ class BudgetChooser:
         tau, acc = self.acceptance.tau, self.acceptance
         V0 = sum(min(tau, p.masked) for _, p in live)  # the roots' tokens
         T0 = self.cost.predict(F0, host=True)  # the step without drafts
-        parents = self.program.draft_tree()
+        parents = self.parents
         if parents is None:  # a policy without a graph: every request that may draft is drafted
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
         else:
@@ -132,6 +159,8 @@ class BudgetChooser:
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items, V0, T0) if wanted else []):
             picks[k].append(j)
+        if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
+            self._idle_after(any(picks))
         for r, _ in live:
             r.still_drafting = None
         for k in wanted:  # drafts that were all worth nothing here (each completes the block) are no
@@ -150,6 +179,18 @@ class BudgetChooser:
                                  d.fold_calls, 0, n))
         self._last = T0 if F is F0 else self.cost.predict(F, host=True)
         return self._last
+
+    def _idle_after(self, drafted: bool) -> None:
+        """After k steps in a row in which requests could draft and none verifies a draft (the
+        screen passed nobody, or nothing it passed was chosen), the next min(2^(k-1) - 1, IDLE_MAX)
+        steps skip the choice (no drafts; the cost model neither predicts nor observes them): where
+        drafting does not pay, as under a rule whose drafts are rarely hit or at a full batch on a
+        CPU, auto then costs about what budget 0 costs. A step that verifies a draft resets it. The
+        last skipped steps read the draft material (look-aheads, top-k) again, so that the next
+        choice's drafts are made from it."""
+        st = self._idle
+        st[1] = 0 if drafted else min(st[1] + 1, IDLE_BITS)
+        st[0] = 0 if drafted else min(2 ** max(st[1] - 1, 0) - 1, IDLE_MAX)
 
     @staticmethod
     def _backing_off(req) -> bool:
@@ -181,9 +222,7 @@ class BudgetChooser:
             req.draft_pick = list(range(min(n, len(p.drafts))))
 
     def _base(self, base: list[Job], props: list[Proposal]) -> Shape:
-        F = Shape()
-        for j in base:
-            F = F.plus(job_shape(j, self.folded, self.rho))
+        F = jobs_shape(base, self.folded, self.rho)
         rows, attn, head, jobs = F.rows, F.attn, F.head, F.jobs
         for p in props:  # the roots (the same sums as Shape.plus, without a Shape per root)
             W = p.width
@@ -212,7 +251,7 @@ class BudgetChooser:
         n = max(p.nodes for _, p in live)
         if not n:
             return []
-        top = max(acc.p(i) for i in range(1, min(n, len(parents)) + 1))
+        top = acc.best(min(n, len(parents)))
         folded, keep = self.folded, 1.0 - self.rho
         full_rows = F0.rows  # the rows with every node of every request
         for _, p in live:
@@ -264,8 +303,8 @@ class BudgetChooser:
 
     def observe(self, jobs: list[Job], seconds: float, results: list) -> None:
         """The measured time of the step's runner call (on `self.clock`) refines the cost model; fold
-        counts the ratio."""
-        if not self.auto or self.cost is None:
+        counts the ratio (not for a step the chooser skipped: `_idle_after`)."""
+        if not self.auto or self.cost is None or self._last is None:
             return
         folded = positions = 0
         for r in results:
@@ -273,9 +312,7 @@ class BudgetChooser:
             if st and "folded" in st:
                 folded += sum(st["folded"])
                 positions += sum(st["positions"])
-        F = Shape()
-        for j in jobs:
-            F = F.plus(job_shape(j, self.folded and j.kind == "verify", self.rho))
+        F = jobs_shape(jobs, self.folded, self.rho, verify_only=True)
         self._shape, self._model_s = F, seconds
         self.cost.observe(F, seconds)
         if positions:

@@ -63,6 +63,7 @@ GROW = 1.5  # a step this far past the last calibrated row count becomes a new g
 MIN_SECONDS = 1e-7
 FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
           "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}  # parameter scales
+F_FLOOR = FLOORS["f"]
 
 
 def clock_for(device) -> "callable":
@@ -158,17 +159,33 @@ class CostModel:
         e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
         i, w = self._interp(s.rows)
         f = self.f
-        # the parameters this step used (nonzero feature x), each at its scale max(|value|, floor);
-        # read before any is moved (each appears once)
-        terms = [("f", i, 1.0 - w), ("f", i + 1, w), ("c_attn", None, s.attn), ("c_head", None, s.head)]
-        if s.fold_calls:
-            terms += [("fold0", None, 1.0), ("fold_row", None, s.fold * 1.0)]
-        vals = [(n, k, x, max(abs(self._get(n, k)), FLOORS[n])) for n, k, x in terms if x]
-        den = sum((x * sc) ** 2 for _, _, x, sc in vals)
+        # the parameters this step used (nonzero feature x), each at its scale max(|value|, floor),
+        # read before any is moved; straight-line (this runs every step), the same arithmetic as a
+        # loop over (f[i], f[i+1], c_attn, c_head, fold0, fold_row) in that order
+        x0, x1, xa, xh = 1.0 - w, w, s.attn, s.head
+        xf, xr = (1.0, s.fold * 1.0) if s.fold_calls else (0.0, 0.0)
+        s0, s1 = max(abs(f[i]), F_FLOOR), max(abs(f[i + 1]), F_FLOOR)
+        sa, sh = max(abs(self.c_attn), FLOORS["c_attn"]), max(abs(self.c_head), FLOORS["c_head"])
+        sf, sr = max(abs(self.fold0), FLOORS["fold0"]), max(abs(self.fold_row), FLOORS["fold_row"])
+        den = 0
+        for x, sc in ((x0, s0), (x1, s1), (xa, sa), (xh, sh), (xf, sf), (xr, sr)):
+            if x:
+                den += (x * sc) ** 2
         if den <= 0:
             return
-        for n, k, x, sc in vals:
-            self._set(n, k, max(FLOORS[n] if n == "f" else 0.0, self._get(n, k) + ETA * e * x * sc * sc / den))
+        g = ETA * e
+        if x0:
+            f[i] = max(F_FLOOR, f[i] + g * x0 * s0 * s0 / den)
+        if x1:
+            f[i + 1] = max(F_FLOOR, f[i + 1] + g * x1 * s1 * s1 / den)
+        if xa:
+            self.c_attn = max(0.0, self.c_attn + g * xa * sa * sa / den)
+        if xh:
+            self.c_head = max(0.0, self.c_head + g * xh * sh * sh / den)
+        if xf:
+            self.fold0 = max(0.0, self.fold0 + g * xf * sf * sf / den)
+        if xr:
+            self.fold_row = max(0.0, self.fold_row + g * xr * sr * sr / den)
         for k in range(1, len(f)):  # more rows never cost less
             if f[k] < f[k - 1]:
                 f[k] = f[k - 1]
@@ -183,21 +200,20 @@ class CostModel:
         pred = self.host_of(s)
         e = max(-CLIP * max(pred, seconds), min(CLIP * max(pred, seconds), seconds - pred))
         e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
-        vals = [(n, x, max(getattr(self, n), FLOORS[n])) for n, x in
-                (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts)) if x]
-        den = sum((x * sc) ** 2 for _, x, sc in vals)
-        for n, x, sc in vals:
-            setattr(self, n, max(0.0, getattr(self, n) + ETA * e * x * sc * sc / den))
+        xj, xd = s.jobs, s.drafts
+        s0, sj, sd = max(self.host0, FLOORS["host0"]), max(self.host_job, FLOORS["host_job"]), \
+            max(self.host_draft, FLOORS["host_draft"])
+        den = 0
+        for x, sc in ((1.0, s0), (xj, sj), (xd, sd)):
+            if x:
+                den += (x * sc) ** 2
+        g = ETA * e
+        self.host0 = max(0.0, self.host0 + g * 1.0 * s0 * s0 / den)
+        if xj:
+            self.host_job = max(0.0, self.host_job + g * xj * sj * sj / den)
+        if xd:
+            self.host_draft = max(0.0, self.host_draft + g * xd * sd * sd / den)
         self.host_observations += 1
-
-    def _get(self, name: str, idx: int | None) -> float:
-        return self.f[idx] if name == "f" else getattr(self, name)
-
-    def _set(self, name: str, idx: int | None, v: float) -> None:
-        if name == "f":
-            self.f[idx] = v
-        else:
-            setattr(self, name, v)
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict:

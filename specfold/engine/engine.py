@@ -167,9 +167,10 @@ class Engine:
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
             measured = self.budget.end_step()  # the whole step, on the cost model's clock
-            for req, _ in chosen:
-                req.counters.predicted_seconds += predicted or 0.0
-                req.counters.measured_seconds += measured
+            if predicted is not None:  # a step the chooser predicted: its prediction against the measurement
+                for req, _ in chosen:
+                    req.counters.predicted_seconds += predicted
+                    req.counters.measured_seconds += measured
         self.steps += 1
         for req in dict.fromkeys(touched):
             d = self._delta(req)

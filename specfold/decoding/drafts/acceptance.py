@@ -103,6 +103,14 @@ class Acceptance:
         a, c = self._abb(node, b)
         return a / (a + c) if a + c > 0 else 0.0
 
+    def best(self, n: int) -> float:
+        """The highest estimate among nodes 1..n (memoised until the next count)."""
+        key = ("best", n)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = max((self.p(i) for i in range(1, n + 1)), default=0.0)
+        return got
+
     def optimistic(self, node: int, b: int | None = None) -> float:
         """The estimate plus one posterior standard deviation (of the node's, or the bucket's, count)."""
         a, c = self._abb(node, b)
