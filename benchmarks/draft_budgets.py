@@ -8,9 +8,10 @@
 
 Per (width, rule, batch) cell: vanilla, and every speculative method at every budget, on the same
 problems (the tiny task's held-out set, or with `--fresh SEED` problems of its fresh stream SEED that
-no split of the shipped model has seen; chat template, greedy). A run is one `LLM.generate` call over
-`batch` prompts (batch 1: one prompt at a time, `n` of them; batch B: B prompts at once through one
-engine, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
+no split of the shipped model has seen; chat template, greedy). Each configuration has one engine
+for the whole cell, as a server holds one (since ac0a119; before, every run built its own through
+`LLM.generate(DecodeParams)`, and paid for it). A run decodes `batch` prompts on it (batch 1: one
+prompt at a time, `n` of them; batch B: B prompts at once, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
 repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
 run first on two prompts (its cost model calibration, from the cache after the first, and a first
 acceptance estimate); the order of the configurations rotates from one unit (round, chunk) to the next.
@@ -86,11 +87,25 @@ def problems_file(ckpt: str, seed: int | None, n: int, runs: Path) -> str | None
     return str(held) if held.is_file() else None
 
 
+def run_on(llm: LLM, engine, prompts: list[str], sp) -> list:
+    """`llm.generate(prompts, sp)` on `engine` (the configuration's own, built once per cell, as a
+    server holds one engine: no run pays for building it), through the engine API."""
+    ids = [engine.add_request(llm.encode(p, sp), sp, prompt=p) for p in prompts]
+    outs = {}
+    while engine.has_unfinished():
+        for d in engine.step():
+            if d.finished:
+                outs[d.request_id] = d.output
+    return [outs[i] for i in ids]
+
+
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
-    for name, p in params.items():  # warm-up (untimed): calibration or its cache, a first acceptance estimate
+    engines = {name: llm.engine(p.split()[0]) for name, p in params.items()}
+    sps = {name: p.split()[1] for name, p in params.items()}
+    for name in params:  # warm-up (untimed): calibration or its cache, a first acceptance estimate
         with _last_layer(name):
-            llm.generate(chunks[0][:2], p)
+            run_on(llm, engines[name], chunks[0][:2], sps[name])
     recs: dict[str, list[dict]] = {k: [] for k in params}
     names = list(params)
     unit = 0
@@ -99,10 +114,9 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
             order = names[unit % len(names):] + names[: unit % len(names)]  # rotated: no config always first
             unit += 1
             for name in order:
-                p = params[name]
                 with _last_layer(name):
                     c0, w0 = time.process_time(), time.perf_counter()
-                    outs = llm.generate(chunk, p)
+                    outs = run_on(llm, engines[name], chunk, sps[name])
                     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
                 budgets = Counter()
                 pred = meas = 0.0
