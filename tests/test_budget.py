@@ -183,9 +183,9 @@ def test_auto_is_exact_at_temperature_and_on_the_tiny_model():
 
 
 def test_auto_skips_the_choice_where_drafts_never_pay(checkpoint):
-    """On a machine where a draft's rows cost far more than it can save, no draft is chosen, so the
-    chooser backs off (steps not even evaluated: 0, 1, 3, then 7 at most after 1, 2, 3, 4+ steps
-    without drafts in a row); tokens are vanilla's, no draft is verified. Where drafts pay, it drafts."""
+    """On a machine where a draft's rows cost far more than it can save, the pre-draft screen passes
+    nobody, so the chooser backs off (steps not even evaluated: 0, 1, 3, then 7 at most after 1, 2,
+    3, 4+ such steps in a row); tokens are vanilla's, no draft is verified. Where drafts pay, it drafts."""
     llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
     A.reset_registry()
     auto = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["spiffy"])
@@ -212,8 +212,8 @@ def test_auto_skips_the_choice_where_drafts_never_pay(checkpoint):
     ch = BudgetChooser.__new__(BudgetChooser)
     ch._idle = [0, 0]
     seen = []
-    for drafted in (False, False, False, False, False, True, False, False):
-        ch._idle_after(drafted)
+    for passed in (False, False, False, False, False, True, False, False):
+        ch._idle_after(passed)
         seen.append(ch._idle[0])
     assert seen == [0, 1, 3, 7, 7, 0, 0, 1]
 
@@ -300,8 +300,10 @@ def test_acceptance_priors_and_online_counts(tmp_path):
         acc.hit(3)
     assert acc.p(3) > 0.95  # the online counts outweigh the prior
     assert acc.best(2) == max(acc.p(1), acc.p(2)) and acc.best(3) == acc.p(3)  # memoised, yet current
+    r = sorted((acc.p(1), acc.p(2), acc.p(3)), reverse=True)
+    assert acc.cumulative(3) == [r[0], r[0] + r[1], r[0] + r[1] + r[2]]
     acc.drafted(1)
-    assert acc.best(1) == acc.p(1) < 0.6
+    assert acc.best(1) == acc.p(1) < 0.6 and acc.cumulative(1) == [acc.p(1)]
     chain = A.graph_priors(DraftGraph.chain(3))
     assert chain[1][0] > chain[2][0] > chain[3][0]
     # the shipped graphs carry their calibration's estimates, and to_depth keeps them per node

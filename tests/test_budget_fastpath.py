@@ -361,6 +361,10 @@ def test_screen_is_the_reference_screen():
         def best(self, n):
             return max(self.p(i) for i in range(1, n + 1))
 
+        def cumulative(self, n):
+            r = sorted(self.rates[:n], reverse=True)
+            return [sum(r[:j]) for j in range(1, n + 1)]
+
     for _ in range(1000):
         ch = BudgetChooser.__new__(BudgetChooser)
         ch.cost = _cost(rng)
@@ -392,7 +396,14 @@ def test_screen_is_the_reference_screen():
                 d = ch._delta(p)
                 marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
                     + c.fold_row * d.fold + c.c_head + c.host_draft
-                if top * min(tau, p.masked) / marginal > ratio:
+                if ch.folded and not F0.fold_calls and c.fold0:  # since ac0a119: the folded call's fixed cost
+                    share = c.fold0 / len([q for _, q in live if q.nodes])
+                    rates = sorted(acc.rates[: min(p.nodes, len(parents))], reverse=True)
+                    best = max(min(tau, p.masked) * sum(rates[:j]) / (j * marginal + share)
+                               for j in range(1, len(rates) + 1))
+                    if best > ratio:
+                        want.append(k)
+                elif top * min(tau, p.masked) / marginal > ratio:
                     want.append(k)
         assert ch._worth_drafting(F0, live, parents) == want
         V0 = sum(min(tau, p.masked) for _, p in live)

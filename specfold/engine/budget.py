@@ -28,10 +28,10 @@ prefix is closed under parents. The step's ratio is evaluated exactly at every p
 included: no drafts when none pays). Before drafting, the same choice runs on the policy's graph
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
 at all, and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
-steps (reset when drafts are chosen again). After k steps in a row that could draft and verify no
-draft, the next min(2^(k-1) - 1, 7) steps of the whole engine are not evaluated at all (no drafts,
-nothing predicted or observed), so that auto costs about what budget 0 costs where drafting does
-not pay. Host only: integers and floats, no tensor is read.
+steps (reset when drafts are chosen again). After k steps in a row in which the screen passed no
+request that could draft, the next min(2^(k-1) - 1, 7) steps of the whole engine are not evaluated
+at all (no drafts, nothing predicted or observed), so that auto costs about what budget 0 costs
+where drafting does not pay. Host only: integers and floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.
@@ -109,7 +109,7 @@ class BudgetChooser:
         self._step_t0 = 0.0
         self._model_s = 0.0  # this step's model call on that clock
         self._shape: Shape | None = None  # this step's jobs
-        self._idle = [0, 0]  # [steps left to skip, steps in a row without drafts]: `_idle_after`
+        self._idle = [0, 0]  # [steps left to skip, steps in a row the screen passed nobody]: `_idle_after`
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
@@ -123,7 +123,7 @@ class BudgetChooser:
         for req in reqs:
             req.draft_budget = None  # causal programs: their configured branches
         live = [(r, p) for r, p in zip(reqs, props) if p is not None]
-        if live and self._idle[0] > 0:  # no draft was chosen in the last steps: `_idle_after`
+        if live and self._idle[0] > 0:  # the screen passed nobody in the last steps: `_idle_after`
             self._idle[0] -= 1
             material = True if self._idle[0] <= 1 else None  # the next choice's drafts are made from it
             for r, _ in live:
@@ -144,6 +144,8 @@ class BudgetChooser:
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
         else:
             wanted = self._worth_drafting(F0, live, parents, V0 / T0)
+            if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
+                self._idle_after(bool(wanted))
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
         items: list[list] = [[] for _ in live]
         rate: dict = {}  # (node, bucket) -> acceptance estimate, this step
@@ -159,8 +161,6 @@ class BudgetChooser:
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items, V0, T0) if wanted else []):
             picks[k].append(j)
-        if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
-            self._idle_after(any(picks))
         for r, _ in live:
             r.still_drafting = None
         for k in wanted:  # drafts that were all worth nothing here (each completes the block) are no
@@ -180,17 +180,18 @@ class BudgetChooser:
         self._last = T0 if F is F0 else self.cost.predict(F, host=True)
         return self._last
 
-    def _idle_after(self, drafted: bool) -> None:
-        """After k steps in a row in which requests could draft and none verifies a draft (the
-        screen passed nobody, or nothing it passed was chosen), the next min(2^(k-1) - 1, IDLE_MAX)
-        steps skip the choice (no drafts; the cost model neither predicts nor observes them): where
-        drafting does not pay, as under a rule whose drafts are rarely hit or at a full batch on a
-        CPU, auto then costs about what budget 0 costs. A step that verifies a draft resets it. The
-        last skipped steps read the draft material (look-aheads, top-k) again, so that the next
-        choice's drafts are made from it."""
+    def _idle_after(self, passed: bool) -> None:
+        """After k steps in a row in which requests could draft and the pre-draft screen passed none
+        of them (even optimistically no draft pays), the next min(2^(k-1) - 1, IDLE_MAX) steps skip
+        the choice (no drafts; the cost model neither predicts nor observes them): where drafting
+        does not pay, as under a rule whose drafts are rarely hit or at a full batch on a CPU, auto
+        then costs about what budget 0 costs. A request passing the screen resets it (drafts it made
+        and that were not chosen are the request's own back-off, `_backing_off`). The last skipped
+        steps read the draft material (look-aheads, top-k) again, so that the next choice's drafts
+        are made from it."""
         st = self._idle
-        st[1] = 0 if drafted else min(st[1] + 1, IDLE_BITS)
-        st[0] = 0 if drafted else min(2 ** max(st[1] - 1, 0) - 1, IDLE_MAX)
+        st[1] = 0 if passed else min(st[1] + 1, IDLE_BITS)
+        st[0] = 0 if passed else min(2 ** max(st[1] - 1, 0) - 1, IDLE_MAX)
 
     @staticmethod
     def _backing_off(req) -> bool:
@@ -244,7 +245,9 @@ class BudgetChooser:
         """The requests whose drafts might pay: a draft's density is at most (the best node rate)
         × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
         request: f is sub-linear), and a set of drafts is only taken if its density beats the step
-        ratio without drafts (`ratio`: V0 / T0, when the caller has it). Cheap: no draft is made for
+        ratio without drafts (`ratio`: V0 / T0, when the caller has it). When the drafts would start
+        the step's folded verification, its fixed cost counts too, shared by every request that may
+        draft: j drafts are then worth at most the j best node rates over j marginals plus that share. Cheap: no draft is made for
         the others, and f is evaluated once per distinct draft row count (a full batch of one width:
         twice in all)."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
@@ -261,6 +264,9 @@ class BudgetChooser:
         f_full = c.f_of(full_rows)
         f_less: dict[float, float] = {}
         c_attn, fold_row, c_head, host_draft = c.c_attn, c.fold_row, c.c_head, c.host_draft
+        # a folded verification's fixed cost, when the step has none yet: shared at best by every
+        # request that may draft, each with all its nodes
+        share = c.fold0 / sum(1 for _, p in live if p.nodes) if folded and not F0.fold_calls and c.fold0 else 0.0
         out = []
         for k, (_, p) in enumerate(live):
             if not p.nodes:
@@ -272,7 +278,12 @@ class BudgetChooser:
                 fl = f_less[d_rows] = c.f_of(full_rows - d_rows)
             marginal = max(f_full - fl, 1e-12) + c_attn * (W * (p.kv + W)) \
                 + fold_row * (W if folded else 0.0) + c_head + host_draft
-            if top * min(tau, p.masked) / marginal > ratio:
+            u = min(tau, p.masked)
+            if share:  # the best density of j drafts at the j best node rates, j = 1 .. nodes
+                sums = acc.cumulative(min(p.nodes, len(parents)))
+                if max(u * sums[j - 1] / (j * marginal + share) for j in range(1, len(sums) + 1)) > ratio:
+                    out.append(k)
+            elif top * u / marginal > ratio:
                 out.append(k)
         return out
 

@@ -111,6 +111,18 @@ class Acceptance:
             got = self._memo[key] = max((self.p(i) for i in range(1, n + 1)), default=0.0)
         return got
 
+    def cumulative(self, n: int) -> list[float]:
+        """Sums of the j highest estimates among nodes 1..n, j = 1..n (memoised until the next count)."""
+        key = ("cumulative", n)
+        got = self._memo.get(key)
+        if got is None:
+            got, total = [], 0.0
+            for r in sorted((self.p(i) for i in range(1, n + 1)), reverse=True):
+                total += r
+                got.append(total)
+            self._memo[key] = got
+        return got
+
     def optimistic(self, node: int, b: int | None = None) -> float:
         """The estimate plus one posterior standard deviation (of the node's, or the bucket's, count)."""
         a, c = self._abb(node, b)
