@@ -247,9 +247,9 @@ class BudgetChooser:
         request: f is sub-linear), and a set of drafts is only taken if its density beats the step
         ratio without drafts (`ratio`: V0 / T0, when the caller has it). When the drafts would start
         the step's folded verification, its fixed cost counts too, shared by every request that may
-        draft: j drafts are then worth at most the j best node rates over j marginals plus that share. Cheap: no draft is made for
-        the others, and f is evaluated once per distinct draft row count (a full batch of one width:
-        twice in all)."""
+        draft: j drafts are then worth at most the j best node rates over j marginals plus that
+        share. Cheap: no draft is made for the others, and f is evaluated once per distinct draft
+        row count (a full batch of one width: twice in all)."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
         n = max(p.nodes for _, p in live)
         if not n:

@@ -26,8 +26,9 @@ Invariants:
     `specfold:draft_budget` (histogram: drafts verified per verification, the chosen budgets),
     `specfold:drafts_verified_total` (so accepted / verified is the acceptance rate), and
     `specfold:step_seconds_predicted_total` / `specfold:step_seconds_measured_total` (the auto
-    chooser's predicted and the measured time of the steps each request took part in: their ratio is
-    the cost model's calibration; predicted stays 0 with a fixed budget).
+    chooser's predicted and the measured time of the steps it predicted that each request took part
+    in: their ratio is the cost model's calibration; with a fixed budget predicted stays 0 and
+    measured counts every step).
 """
 from __future__ import annotations
 
