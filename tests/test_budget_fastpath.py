@@ -424,9 +424,9 @@ def _ref_job_shape(job, folded: bool, rho: float) -> Shape:
 
 
 def test_step_shape_is_the_sum_of_the_jobs_shapes():
-    """A step's shape (summed in floats) is the reference's Shape.plus over each job's, for the
-    chooser's base (every job folded when the verifier folds) and for the measured step (only
-    verifications folded)."""
+    """A step's shape (summed in floats) is the reference's Shape.plus over each job's, verifications
+    folded when the verifier folds (the reference's measured step; its chooser base folded every
+    job, which is the same for the block program's one-branch non-verify jobs, checked here too)."""
     from specfold.decoding.jobs import Job
     from specfold.engine.budget import jobs_shape
     rng = random.Random(41)
@@ -441,8 +441,12 @@ def test_step_shape_is_the_sum_of_the_jobs_shapes():
                             rows_at=rows_at, logits_at=[0, 1] if rows_at is None and rng.random() < 0.5 else None,
                             kind=kind))
         rho, folded = rng.uniform(0, 1), rng.random() < 0.5
-        for verify_only in (False, True):
-            want = Shape()
-            for j in jobs:
-                want = want.plus(_ref_job_shape(j, folded and (j.kind == "verify" or not verify_only), rho))
-            assert jobs_shape(jobs, folded, rho, verify_only) == want
+        want = Shape()
+        for j in jobs:
+            want = want.plus(_ref_job_shape(j, folded and j.kind == "verify", rho))
+        assert jobs_shape(jobs, folded, rho) == want
+        one = [j for j in jobs if j.kind == "verify" or len(j.tokens) == 1]  # what a block program makes
+        base = Shape()
+        for j in one:
+            base = base.plus(_ref_job_shape(j, folded, rho))
+        assert jobs_shape(one, folded, rho) == base

@@ -55,10 +55,10 @@ IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped betw
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
 
 
-def jobs_shape(jobs: list[Job], folded: bool, rho: float, verify_only: bool = False) -> Shape:
+def jobs_shape(jobs: list[Job], folded: bool, rho: float) -> Shape:
     """The cost features of a step's jobs, summed (Shape.plus over each job's own, in plain floats:
-    this runs every step). `folded`: verifications go through the folded verifier; `verify_only`:
-    only verifications do (the others are dense)."""
+    this runs every step). `folded`: verifications go through the folded verifier (every other job
+    of a block program has one branch, so it is dense either way)."""
     rows = attn = head = fold = jobs_n = drafts = 0.0
     fold_calls = 0
     for job in jobs:
@@ -70,7 +70,7 @@ def jobs_shape(jobs: list[Job], folded: bool, rho: float, verify_only: bool = Fa
         kv = job.start if job.cache is not None else 0
         attn += B * T * (kv + T)
         head += job.head_rows
-        if folded and B > 1 and (kind == "verify" or not verify_only):
+        if folded and B > 1 and kind == "verify":
             D = (B - 1) * T
             rows += T + (1.0 - rho) * D
             fold += D
@@ -323,7 +323,7 @@ class BudgetChooser:
             if st and "folded" in st:
                 folded += sum(st["folded"])
                 positions += sum(st["positions"])
-        F = jobs_shape(jobs, self.folded, self.rho, verify_only=True)
+        F = jobs_shape(jobs, self.folded, self.rho)
         self._shape, self._model_s = F, seconds
         self.cost.observe(F, seconds)
         if positions:

@@ -167,8 +167,10 @@ class Engine:
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
             measured = self.budget.end_step()  # the whole step, on the cost model's clock
-            if predicted is not None or not self.budget.auto:  # auto: the steps it predicted (their ratio is
-                for req, _ in chosen:  # the cost model's calibration); a fixed budget: every step
+            # auto: the steps the chooser predicted (their ratio is the cost model's calibration);
+            # a fixed budget: every step
+            if predicted is not None or not self.budget.auto:
+                for req, _ in chosen:
                     req.counters.predicted_seconds += predicted or 0.0
                     req.counters.measured_seconds += measured
         self.steps += 1

@@ -104,12 +104,8 @@ class Acceptance:
         return a / (a + c) if a + c > 0 else 0.0
 
     def best(self, n: int) -> float:
-        """The highest estimate among nodes 1..n (memoised until the next count)."""
-        key = ("best", n)
-        got = self._memo.get(key)
-        if got is None:
-            got = self._memo[key] = max((self.p(i) for i in range(1, n + 1)), default=0.0)
-        return got
+        """The highest estimate among nodes 1..n (0 when n = 0)."""
+        return self.cumulative(n)[0] if n > 0 else 0.0
 
     def cumulative(self, n: int) -> list[float]:
         """Sums of the j highest estimates among nodes 1..n, j = 1..n (memoised until the next count)."""
