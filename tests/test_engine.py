@@ -422,3 +422,30 @@ def test_request_fold_statistics_are_none_without_draft_positions():
     c.write(st, report)
     assert st.extra["fold_ratio"] == 20 / 64 and st.extra["fold_ratio_excl_layer0"] == 4 / 32
     assert st.extra["fold_ratio_per_layer"] == [16 / 32, 4 / 32] and st.extra["fold_verifications"] == 5
+
+
+def test_root_only_verifications_ride_in_the_steps_folded_call(checkpoint):
+    """A step where some requests verify drafts and others only their root: every verification goes
+    through the one folded call (no second dense pass over the weights for the root-only ones), and
+    the tokens are still the ones each request decodes alone (SpecFold at δ = 0, float64)."""
+    llm = _llm(checkpoint, "bc")
+    base = DecodeParams(rule="threshold", threshold=0.6, draft_budget=64, **METHODS["specfold"])
+    want = _alone(llm, base, PROMPTS, MAX_NEW)
+    eng = llm.engine(base.split()[0])
+    calls = []  # per step: (the folded call's forwards as (kind, branches), the dense call's kinds)
+    v, m = eng.runner.verifier, eng.runner.model
+    real_v, real_m = v.verify_many, m.forward_many
+    v.verify_many = lambda fws: (calls[-1][0].extend((f.kind, f.tokens.shape[0]) for f in fws), real_v(fws))[1]
+    m.forward_many = lambda fws: (calls[-1][1].extend(f.kind for f in fws), real_m(fws))[1]
+    ids, outs, nxt = [], {}, 0
+    while nxt < len(PROMPTS) or eng.has_unfinished():
+        if nxt < len(PROMPTS):  # one more request per step: some verify their first block state alone
+            ids.append(eng.add_request(PROMPTS[nxt], SamplingParams(max_new_tokens=MAX_NEW[nxt], seed=nxt)))
+            nxt += 1
+        calls.append(([], []))
+        outs.update({d.request_id: d.output for d in eng.step() if d.finished})
+    assert [outs[i].token_ids for i in ids] == [w.token_ids for w in want]
+    folding = [c for c in calls if c[0]]  # the steps with a folded call
+    assert [c for c in folding if any(b == 1 for _, b in c[0]) or "verify" in c[1]]  # some also verify a root alone
+    assert all("verify" not in dense for folded, dense in folding)
+    assert any("verify" in dense for folded, dense in calls if not folded)  # without drafts: the dense call

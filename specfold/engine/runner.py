@@ -6,8 +6,10 @@ one host-to-device copy and one device-to-host read.
    made on the device from the positions.
 2. With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit)
    runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
-   `verifier.verify_many` and the rest through one `forward_many`. A root-only verification joins
-   the dense call: a verifier only changes how draft rows are computed. Reuse jobs (eager commits)
+   `verifier.verify_many` and the rest through one `forward_many`. Root-only verifications join
+   the folded call when the step has one (one pass over the weights for all verifications: a second,
+   dense call for the requests that drafted nothing costs most of a small forward again), and the
+   dense call otherwise (a verifier only changes how draft rows are computed). Reuse jobs (eager commits)
    write K/V from earlier hidden states first. With static shapes (EngineConfig.static_shapes /
    cuda_graphs) the forwards that can run padded to a bucket (engine/graphs.py: dense, against a
    pool slot, no hidden states returned) do, their integers riding in the same one copy; the rest
@@ -109,6 +111,9 @@ class ModelRunner:
             return self.model.forward_many(forwards) if forwards else []
         out: list[ForwardResult | None] = [None] * len(forwards)
         ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and f.tokens.shape[0] > 1]
+        if ver:  # the step's root-only verifications ride in the same folded call: one pass over the
+            # weights for every verification, not a second dense call for the requests that drafted nothing
+            ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and not f.write_cache]
         rest = [i for i in range(len(forwards)) if i not in set(ver)]
         for idx, res in ((rest, self.model.forward_many([forwards[i] for i in rest]) if rest else []),
                          (ver, v.verify_many([forwards[i] for i in ver]) if ver else [])):
