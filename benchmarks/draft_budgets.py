@@ -89,14 +89,8 @@ def problems_file(ckpt: str, seed: int | None, n: int, runs: Path) -> str | None
 
 def run_on(llm: LLM, engine, prompts: list[str], sp) -> list:
     """`llm.generate(prompts, sp)` on `engine` (the configuration's own, built once per cell, as a
-    server holds one engine: no run pays for building it), through the engine API."""
-    ids = [engine.add_request(llm.encode(p, sp), sp, prompt=p) for p in prompts]
-    outs = {}
-    while engine.has_unfinished():
-        for d in engine.step():
-            if d.finished:
-                outs[d.request_id] = d.output
-    return [outs[i] for i in ids]
+    server holds one engine: no run pays for building it)."""
+    return engine.run_all([llm.encode(p, sp) for p in prompts], [sp] * len(prompts), prompts)
 
 
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:

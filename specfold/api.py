@@ -193,30 +193,9 @@ class Decoder:
 
 def _drain(engine: Engine, prompts: list, encoded: list[list[int]], per: list[SamplingParams],
            configs: list[EngineConfig], use_tqdm: bool) -> list[RequestOutput]:
-    """Add the prompts as capacity allows and step until all are done; outputs in prompt order."""
-    bar = None
-    if use_tqdm:
-        from tqdm import tqdm
-        bar = tqdm(total=len(prompts), desc="generate", unit="prompt")
-    ids: list[str] = []
-    outs: dict[str, RequestOutput] = {}
-    nxt = 0
-    try:
-        while nxt < len(prompts) or len(outs) < len(ids):
-            while nxt < len(prompts) and engine.can_add():
-                pr = prompts[nxt]
-                ids.append(engine.add_request(encoded[nxt], per[nxt], prompt=pr if isinstance(pr, str) else None,
-                                              config=configs[nxt]))
-                nxt += 1
-            for d in engine.step():
-                if d.finished and d.request_id in ids:
-                    outs[d.request_id] = d.output
-                    if bar is not None:
-                        bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-        for rid in ids:
-            if rid not in outs:
-                engine.abort(rid)
-    return [outs[rid] for rid in ids]
+    """Every prompt through the engine (`Engine.run_all`), with a progress bar when asked."""
+    if not use_tqdm:
+        return engine.run_all(encoded, per, prompts, configs)
+    from tqdm import tqdm
+    with tqdm(total=len(prompts), desc="generate", unit="prompt") as bar:
+        return engine.run_all(encoded, per, prompts, configs, on_finish=lambda _: bar.update(1))

@@ -205,15 +205,8 @@ def test_causal_programs_give_ars_logprobs(nld):
 
 
 def _many(llm, cfg: EngineConfig, prompts, temps, n):
-    eng = llm.engine(cfg)
-    rids = [eng.add_request(p, SamplingParams(max_new_tokens=n, temperature=t, seed=i, logprobs=2))
-            for i, (p, t) in enumerate(zip(prompts, temps))]
-    outs = {}
-    while eng.has_unfinished():
-        for d in eng.step():
-            if d.finished:
-                outs[d.request_id] = d.output
-    return [outs[r] for r in rids]
+    sps = [SamplingParams(max_new_tokens=n, temperature=t, seed=i, logprobs=2) for i, t in enumerate(temps)]
+    return llm.engine(cfg).run_all(list(prompts), sps)
 
 
 # ---------------------------------------------------------------------------------- LLaDA2.1's edits

@@ -244,12 +244,36 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def run_one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
         """Decode one request alone (nothing else may be queued)."""
-        rid = self.add_request(prompt_ids, params)
-        while self.has_unfinished():
-            for d in self.step():
-                if d.request_id == rid and d.finished:
-                    return d.output
-        raise RuntimeError("internal error: the request ended without output")
+        return self.run_all([prompt_ids], [params])[0]
+
+    def run_all(self, prompt_ids: list[list[int]], params: list[SamplingParams], prompts: list | None = None,
+                configs: list[EngineConfig | None] | None = None, on_finish=None) -> list[RequestOutput]:
+        """Add the requests as capacity allows and step until all are done -> their outputs, in order.
+        `prompts`: each request's text (kept in its output), `configs`: what `validate` returned for
+        each (else it runs on adding), `on_finish(output)`: called as each ends. Requests still
+        unfinished when this raises (an interrupt) are aborted."""
+        n = len(prompt_ids)
+        ids: list[str] = []
+        outs: dict[str, RequestOutput] = {}
+        try:
+            while len(ids) < n or len(outs) < len(ids):
+                while len(ids) < n and self.can_add():
+                    i = len(ids)
+                    pr = prompts[i] if prompts is not None else None
+                    ids.append(self.add_request(prompt_ids[i], params[i], prompt=pr if isinstance(pr, str) else None,
+                                                config=configs[i] if configs is not None else None))
+                for d in self.step():
+                    if d.finished and d.request_id in ids:
+                        outs[d.request_id] = d.output
+                        if on_finish is not None:
+                            on_finish(d.output)
+                if len(ids) == n and len(outs) < n and not self.has_unfinished():
+                    raise RuntimeError("internal error: a request ended without output")
+        finally:
+            for rid in ids:
+                if rid not in outs:
+                    self.abort(rid)
+        return [outs[rid] for rid in ids]
 
     def memory_bytes(self) -> int:
         """Tensor bytes the running requests hold (caches, buffers, stored logits)."""
