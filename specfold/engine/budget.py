@@ -345,7 +345,8 @@ class BudgetChooser:
         if self.cost is not None:
             c = self.cost
             out["cost"] = {"grid": list(c.grid), "f": list(c.f), "c_attn": c.c_attn, "c_head": c.c_head,
-                           "fold0": c.fold0, "fold_row": c.fold_row, "observations": c.observations,
+                           "fold0": c.fold0, "fold_row": c.fold_row, "fold_roots": c.fold_roots,
+                           "observations": c.observations,
                            "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft,
                            "calibration_seconds": c.calibration_seconds}
         return out

@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-VERSION = 5  # 5: the folded verifier runs its last layer on the rows the head reads
+VERSION = 6  # 6: whether root-only verifications ride in the folded call (`fold_roots`), measured
 ETA = 0.15  # online step size (relative)
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
 EXPECTILE = 0.3  # slower-than-predicted steps weigh 0.3, faster ones 0.7: on a shared machine noise
@@ -115,6 +115,7 @@ class CostModel:
     host0: float = 0.0
     host_job: float = 0.0
     host_draft: float = 0.0
+    fold_roots: bool = False  # root-only verifications cost less inside the folded call (measured)
     observations: int = 0
     host_observations: int = 0
     key: dict = field(default_factory=dict)
@@ -240,7 +241,7 @@ class CostModel:
         if d.get("version") != VERSION:
             raise ValueError("another cost model version")
         fields = {k: d[k] for k in ("grid", "f", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job",
-                                     "host_draft", "observations", "host_observations", "key",
+                                     "host_draft", "fold_roots", "observations", "host_observations", "key",
                                      "calibration_seconds") if k in d}
         m = cls(**fields)
         if len(m.grid) < 2 or len(m.grid) != len(m.f) or any(b <= a for a, b in zip(m.grid, m.grid[1:])):
@@ -425,9 +426,27 @@ def _calibrate_fold(m: CostModel, model, verifier, toks, cache, P: int, N: int, 
         D = (B - 1) * N
         dense = m.f_of(N + (1 - rho) * D) + m.c_attn * B * N * (P + N) + m.c_head * read.numel()
         pts.append((D, t - dense))
+    m.fold_roots = _roots_cheaper_folded(model, verifier, toks, cache, P, N)
     if len(pts) == 2 and pts[1][0] != pts[0][0]:
         (d0, r0), (d1, r1) = pts
         m.fold_row = max(0.0, (r1 - r0) / (d1 - d0))
         m.fold0 = max(0.0, r0 - m.fold_row * d0)
     elif pts:
         m.fold0 = max(0.0, pts[0][1])
+
+
+def _roots_cheaper_folded(model, verifier, toks, cache, P: int, N: int, n: int = 8) -> bool:
+    """Whether `n` root-only verifications cost less inside one folded call than in a dense call of
+    their own. A step where some requests verify drafts runs them in the folded call either way: this
+    says where its root-only verifications go (engine/runner.py). The folded call skips the last
+    layer's FFN on rows the head does not read and saves a second pass over the weights, but runs
+    its attention per forward: at a large width the first wins, at a small one the second."""
+    from specfold.models.forward import Forward
+    dev = model.device
+    pos = torch.arange(P, P + N, device=dev)
+    read = torch.arange(N // 2, N, device=dev)  # each reads the second half of its window
+    fws = [Forward(toks(1, N), pos, cache, None, False, None, parents=[-1], head_rows=read) for _ in range(n)]
+    clk = clock_for(dev)
+    folded = _time(lambda: verifier.verify_many(fws), clock=clk)
+    dense = _time(lambda: model.forward_many(fws), clock=clk)
+    return folded < dense

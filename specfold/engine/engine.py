@@ -81,6 +81,7 @@ class Engine:
         self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id, static)
         self.scheduler = Scheduler(self.config)
         self.budget = BudgetChooser(self.config, self.model, self.spec, self.program)
+        self.runner.fold_roots = self.budget.cost is not None and self.budget.cost.fold_roots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
