@@ -12,7 +12,7 @@ import random
 from specfold.decoding.drafts.acceptance import bucket
 from specfold.decoding.plugins import Draft
 from specfold.decoding.proposal import Proposal
-from specfold.engine.budget import BudgetChooser, best_closure
+from specfold.engine.budget import MARGIN, BudgetChooser, best_closure
 from specfold.engine.cost import CostModel, Shape
 
 
@@ -396,14 +396,15 @@ def test_screen_is_the_reference_screen():
                 d = ch._delta(p)
                 marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
                     + c.fold_row * d.fold + c.c_head + c.host_draft
+                u = min(tau, p.masked) * (1 - MARGIN)  # since this change: the items' own discount
                 if ch.folded and not F0.fold_calls and c.fold0:  # since ac0a119: the folded call's fixed cost
                     share = c.fold0 / len([q for _, q in live if q.nodes])
                     rates = sorted(acc.rates[: min(p.nodes, len(parents))], reverse=True)
-                    best = max(min(tau, p.masked) * sum(rates[:j]) / (j * marginal + share)
+                    best = max(u * sum(rates[:j]) / (j * marginal + share)
                                for j in range(1, len(rates) + 1))
                     if best > ratio:
                         want.append(k)
-                elif top * min(tau, p.masked) / marginal > ratio:
+                elif top * u / marginal > ratio:
                     want.append(k)
         assert ch._worth_drafting(F0, live, parents) == want
         V0 = sum(min(tau, p.masked) for _, p in live)

@@ -278,7 +278,7 @@ class BudgetChooser:
                 fl = f_less[d_rows] = c.f_of(full_rows - d_rows)
             marginal = max(f_full - fl, 1e-12) + c_attn * (W * (p.kv + W)) \
                 + fold_row * (W if folded else 0.0) + c_head + host_draft
-            u = min(tau, p.masked)
+            u = min(tau, p.masked) * (1 - MARGIN)  # the items' own discount: still a bound on their values
             if share:  # the best density of j drafts at the j best node rates, j = 1 .. nodes
                 sums = acc.cumulative(min(p.nodes, len(parents)))
                 if max(u * sums[j - 1] / (j * marginal + share) for j in range(1, len(sums) + 1)) > ratio:
