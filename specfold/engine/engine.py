@@ -244,7 +244,7 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def run_one(self, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
-        """Decode one request alone (nothing else may be queued)."""
+        """Decode one request (anything else in the engine steps alongside) -> its output."""
         return self.run_all([prompt_ids], [params])[0]
 
     def run_all(self, prompt_ids: list[list[int]], params: list[SamplingParams], prompts: list | None = None,
@@ -255,6 +255,7 @@ class Engine:
         unfinished when this raises (an interrupt) are aborted."""
         n = len(prompt_ids)
         ids: list[str] = []
+        mine: set[str] = set()
         outs: dict[str, RequestOutput] = {}
         try:
             while len(ids) < n or len(outs) < len(ids):
@@ -263,8 +264,9 @@ class Engine:
                     pr = prompts[i] if prompts is not None else None
                     ids.append(self.add_request(prompt_ids[i], params[i], prompt=pr if isinstance(pr, str) else None,
                                                 config=configs[i] if configs is not None else None))
+                    mine.add(ids[-1])
                 for d in self.step():
-                    if d.finished and d.request_id in ids:
+                    if d.finished and d.request_id in mine:
                         outs[d.request_id] = d.output
                         if on_finish is not None:
                             on_finish(d.output)
