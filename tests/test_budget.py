@@ -257,6 +257,9 @@ def test_calibration_is_cached_and_keyed(tmp_path, monkeypatch):
     assert saved["key"]["model"] and saved["key"]["hidden"] == llm.spec.hidden_size
     assert saved["key"]["threads"] == torch.get_num_threads() and saved["key"]["dtype"] == "torch.float32"
     assert len(saved["grid"]) >= 2 and all(b >= a for a, b in zip(saved["f"], saved["f"][1:]))
+    for _ in range(300):  # refinements stay in the process: the file keeps the calibration
+        first.observe(Shape(first.grid[0], 1e4, 8), 3 * first.f[0])
+    assert first.f[0] > saved["f"][0] and json.loads(files[0].read_text()) == saved
     C.forget_models()
     again = llm.engine(EngineConfig(method="spiffy")).budget.cost
     assert again is not first and again.f == saved["f"] and again.calibration_seconds == saved["calibration_seconds"]
