@@ -291,6 +291,21 @@ def test_online_refinement_converges_to_the_machine():
     assert err < 0.05, err
 
 
+def test_host_terms_learn_a_drafts_cost_from_zero():
+    """Host times from a known law (a step's fixed work plus 0.13 ms per verified draft, ±5 % noise),
+    the terms started at zero: each verified draft's host cost is learnt (a relative step from the
+    parameter floors alone left it at zero, so the chooser saw drafts as free of host work)."""
+    m = CostModel([16, 32], [1e-3, 2e-3])
+    rng = random.Random(1)
+    for _ in range(3000):
+        s = Shape(16.0, jobs=1.0, drafts=float(rng.choice([0, 1, 2])))
+        m.observe_host(s, (1.6e-4 + 1.3e-4 * s.drafts) * rng.uniform(0.95, 1.05))
+    assert 1.0e-4 < m.host_draft < 1.6e-4, m.host_draft
+    for d in (0, 1, 2):
+        law = 1.6e-4 + 1.3e-4 * d
+        assert abs(m.host_of(Shape(16.0, jobs=1.0, drafts=d)) - law) < 0.1 * law
+
+
 # ---------------------------------------------------------------------------- acceptance
 def test_acceptance_priors_and_online_counts(tmp_path):
     g = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),))],

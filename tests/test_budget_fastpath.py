@@ -198,13 +198,14 @@ class _RefCost(CostModel):
         self.observations += 1
 
     def observe_host(self, s: Shape, seconds: float) -> None:
-        """The host terms' refinement (the code of ebb24c0, verbatim)."""
+        """The host terms' refinement (the code of ebb24c0, with the scales' lower bound of cost.HOST_SHARE)."""
         if seconds <= 0:
             return
         pred = self.host_of(s)
         e = max(-0.5 * max(pred, seconds), min(0.5 * max(pred, seconds), seconds - pred))
         e *= 2 * (0.3 if e > 0 else 1 - 0.3)
-        vals = [(n, x, max(getattr(self, n), _FLOORS[n])) for n, x in
+        lo = 0.1 * max(pred, seconds)  # each scale at least a tenth of the step's host time
+        vals = [(n, x, max(getattr(self, n), _FLOORS[n], lo)) for n, x in
                 (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts)) if x]
         den = sum((x * sc) ** 2 for _, x, sc in vals)
         for n, x, sc in vals:
@@ -303,7 +304,7 @@ def test_host_refinement_matches_the_reference():
             _RefCost.observe_host(b, s, sec)
             assert (a.host0, a.host_job, a.host_draft, a.host_observations) == \
                 (b.host0, b.host_job, b.host_draft, b.host_observations)
-        assert a.host0 > 0  # it learnt something
+        assert a.host0 + a.host_job + a.host_draft > 0  # it learnt something
 
 
 def _ref_buckets(p):

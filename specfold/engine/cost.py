@@ -30,7 +30,9 @@ used by a normalised least-mean-squares step in relative terms, with residuals c
 as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tracks what a step
 costs this process, not the bursts of others sharing the machine; a step past the calibrated row
 range becomes a new grid point. The host terms are learnt the same way (`observe_host`) from each
-step's host time (the step's time less its model call), from zero.
+step's host time (the step's time less its model call), from zero, each term's scale at least a
+tenth of the step's host time (from the floors alone, a verified draft's host work, 0.13 ms a draft
+on `tiny` at batch 1, stayed at zero for ever, and the chooser saw drafts as free of host work).
 
 The refinements stay in the process: the cache file holds the calibration. One process's regime
 (a batch size, a neighbour's memory traffic) then cannot bias every later process. Written back (as
@@ -70,6 +72,7 @@ MIN_SECONDS = 1e-7
 FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
           "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}  # parameter scales
 F_FLOOR = FLOORS["f"]
+HOST_SHARE = 0.1  # a host term's scale in `observe_host`: at least this share of the step's host time
 
 
 def clock_for(device) -> "callable":
@@ -206,8 +209,12 @@ class CostModel:
         e = max(-CLIP * max(pred, seconds), min(CLIP * max(pred, seconds), seconds - pred))
         e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
         xj, xd = s.jobs, s.drafts
-        s0, sj, sd = max(self.host0, FLOORS["host0"]), max(self.host_job, FLOORS["host_job"]), \
-            max(self.host_draft, FLOORS["host_draft"])
+        # each term's scale is at least a share of the step's host time: the terms start at zero, and a
+        # relative step from a fixed floor would leave a term that starts there (a draft's host work,
+        # 0.1 ms a draft at the tiny model's width) at zero for ever
+        lo = HOST_SHARE * max(pred, seconds)
+        s0, sj, sd = max(self.host0, FLOORS["host0"], lo), max(self.host_job, FLOORS["host_job"], lo), \
+            max(self.host_draft, FLOORS["host_draft"], lo)
         den = 0
         for x, sc in ((1.0, s0), (xj, sj), (xd, sd)):
             if x:
