@@ -22,6 +22,7 @@ from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
 from specfold.decoding.drafts import acceptance as A
 from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.engine import cost as C
+from specfold.engine import budget as B
 from specfold.engine.budget import BudgetChooser, best_closure
 from specfold.engine.cost import CostModel, Shape
 from specfold.errors import ParamsError
@@ -216,6 +217,28 @@ def test_auto_skips_the_choice_where_drafts_never_pay(checkpoint):
         ch._idle_after(passed)
         seen.append(ch._idle[0])
     assert seen == [0, 1, 3, 7, 7, 0, 0, 1]
+
+
+def test_refinement_samples_the_steps_once_warm(checkpoint):
+    """Until the cost model has REFINE_WARM observations every predicted step refines it; after that
+    one in REFINE_EVERY does (model and host terms alike), while every predicted step is still
+    predicted and measured for the report."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    A.reset_registry()
+    cfg = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["spiffy"]).split()[0]
+    _install_cost(llm, cfg, slope=0.06 / 8)
+    eng = llm.engine(cfg)
+    c = eng.budget.cost
+    start = c.observations = c.host_observations = B.REFINE_WARM - 3
+    for i, (p, n) in enumerate(zip(PROMPTS * 2, MAX_NEW * 2)):  # one at a time: more steps
+        eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i))
+        while eng.has_unfinished():
+            eng.step()
+    ticks, obs = eng.budget._ticks, start
+    for t in range(1, ticks + 1):
+        obs += obs < B.REFINE_WARM or t % B.REFINE_EVERY == 0
+    assert ticks > 2 * B.REFINE_EVERY and eng.budget.steps == ticks
+    assert c.observations == c.host_observations == obs < start + ticks
 
 
 # ---------------------------------------------------------------------------- fixed budgets

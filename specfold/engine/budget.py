@@ -53,6 +53,9 @@ RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
 BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that were not chosen
 IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped between two choices
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
+REFINE_WARM, REFINE_EVERY = 256, 4  # the cost model refines from every step until it has 256
+# observations, then from every 4th predicted step: a refinement costs 30-45 µs of host time after
+# a forward (cold caches), about 1 % of a batch-1 step on `tiny`, and every step would pay it
 
 
 def jobs_shape(jobs: list[Job], folded: bool, rho: float) -> Shape:
@@ -110,6 +113,7 @@ class BudgetChooser:
         self._model_s = 0.0  # this step's model call on that clock
         self._shape: Shape | None = None  # this step's jobs
         self._idle = [0, 0]  # [steps left to skip, steps in a row the screen passed nobody]: `_idle_after`
+        self._ticks = 0  # predicted steps seen by `observe` (every REFINE_EVERY-th refines, once warm)
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
@@ -303,9 +307,10 @@ class BudgetChooser:
         """The step's work is done (before its deltas are built): returns its seconds on the cost
         clock; under auto budgets its host time (less the model call) refines the host terms."""
         total = self.clock() - self._step_t0
-        if not self.auto or self.cost is None or self._shape is None or self._last is None:
+        if not self.auto or self.cost is None or self._last is None:
             return total
-        self.cost.observe_host(self._shape, total - self._model_s)
+        if self._shape is not None:  # a step the refinement samples (`observe`)
+            self.cost.observe_host(self._shape, total - self._model_s)
         self.steps += 1
         self.predicted += self._last
         self.measured += total
@@ -313,9 +318,19 @@ class BudgetChooser:
         return total
 
     def observe(self, jobs: list[Job], seconds: float, results: list) -> None:
-        """The measured time of the step's runner call (on `self.clock`) refines the cost model; fold
-        counts the ratio (not for a step the chooser skipped: `_idle_after`)."""
+        """The measured time of the step's runner call (on `self.clock`) refines the cost model, from
+        every step while it has fewer than REFINE_WARM observations and from every REFINE_EVERY-th
+        after that; fold counts refine the ratio every step (not for a step the chooser skipped:
+        `_idle_after`)."""
         if not self.auto or self.cost is None or self._last is None:
+            return
+        self._ticks += 1
+        c = self.cost
+        if c.observations < REFINE_WARM or self._ticks % REFINE_EVERY == 0:
+            F = jobs_shape(jobs, self.folded, self.rho)
+            self._shape, self._model_s = F, seconds
+            c.observe(F, seconds)
+        if not self.folded:
             return
         folded = positions = 0
         for r in results:
@@ -323,9 +338,6 @@ class BudgetChooser:
             if st and "folded" in st:
                 folded += sum(st["folded"])
                 positions += sum(st["positions"])
-        F = jobs_shape(jobs, self.folded, self.rho)
-        self._shape, self._model_s = F, seconds
-        self.cost.observe(F, seconds)
         if positions:
             w = RHO_WEIGHT
             self.rho = (1 - w) * self.rho + w * folded / positions

@@ -24,8 +24,9 @@ passes, each point's fastest time kept: noise only ever adds time), two prefix l
 alone and, for a folded verifier, two folded verifications: seconds at most, then
 cached as JSON in the user's cache directory (`$XDG_CACHE_HOME/specfold` or ~/.cache/specfold), keyed
 by the model fingerprint and shape (a widened checkpoint shares its source's fingerprint, not its
-cost), device, dtype, thread count and verifier. Online refinement (`observe`): every measured step
-time (host `time.perf_counter` around the runner's call, no extra sync) moves the parameters the step
+cost), device, dtype, thread count and verifier. Online refinement (`observe`): a measured step
+time (host `time.perf_counter` around the runner's call, no extra sync; the chooser passes every
+step until 256 observations, then one in 4, engine/budget.py) moves the parameters the step
 used by a normalised least-mean-squares step in relative terms, with residuals clipped and weighted
 as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tracks what a step
 costs this process, not the bursts of others sharing the machine; a step past the calibrated row
