@@ -398,6 +398,8 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     r, pre, P = _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas)
     if r > best:
         best, chosen = r, pre
+    if _one_chain(per_req):  # every closed set is a prefix of the one chain, and every prefix was
+        return chosen  # evaluated exactly: no linearisation can find a better one
     # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
     # rows are cheaper in bulk, so the linearisation point matters)
     for start in (S0, G, P):
@@ -458,6 +460,14 @@ def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, l
         if r > best:
             best, best_n, best_s = r, n, s
     return best, pick[:best_n], best_s
+
+
+def _one_chain(per_req: list[list[tuple]]) -> bool:
+    """Whether a single request has items and they form a chain (each item's parent is the one
+    before it): FreeDave's drafts at batch 1. Its closed sets are then exactly the chain's prefixes,
+    which `_best_prefix` evaluates in chain order (a chain's merged groups never get denser down it)."""
+    live = [items for items in per_req if items]
+    return len(live) == 1 and all(par == j - 1 for j, (_, par, _) in enumerate(live[0]))
 
 
 def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, list[int]]]:
