@@ -375,8 +375,9 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     with the sub-linear f it re-linearises at each choice. `per_req[k]`: request k's items (expected
     tokens, parent item index or -1, head rows), parents first; `deltas[k]`: what one of its drafts
     adds, head rows apart; `t0`: the predicted seconds of F0 (whole step), when the caller has them
-    -> the chosen (request, item index) pairs. Run from two linearisations (no drafts, every draft),
-    the better kept.
+    -> the chosen (request, item index) pairs. Run from three linearisations (no drafts, every draft,
+    the best prefix), the best kept; a single request's chain (FreeDave at batch 1) stops at the
+    best prefix, which is its exact optimum (`_one_chain`).
 
     Host cost: shapes are plain tuples of floats here (no dataclass per item), the predicted seconds
     of one shape are computed once, and f(rows) is evaluated once per distinct row count of an
