@@ -212,7 +212,7 @@ class CostModel:
         xj, xd = s.jobs, s.drafts
         # each term's scale is at least a share of the step's host time: the terms start at zero, and a
         # relative step from a fixed floor would leave a term that starts there (a draft's host work,
-        # 0.1 ms a draft at the tiny model's width) at zero for ever
+        # 0.13 ms a draft at the tiny model's width, batch 1) at zero for ever
         lo = HOST_SHARE * max(pred, seconds)
         s0, sj, sd = max(self.host0, FLOORS["host0"], lo), max(self.host_job, FLOORS["host_job"], lo), \
             max(self.host_draft, FLOORS["host_draft"], lo)
