@@ -21,8 +21,8 @@ import torch
 from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
 from specfold.decoding.drafts import acceptance as A
 from specfold.decoding.drafts.graph import DraftGraph, Node
-from specfold.engine import cost as C
 from specfold.engine import budget as B
+from specfold.engine import cost as C
 from specfold.engine.budget import BudgetChooser, best_closure
 from specfold.engine.cost import CostModel, Shape
 from specfold.errors import ParamsError

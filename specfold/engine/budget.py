@@ -54,7 +54,7 @@ BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that wer
 IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped between two choices
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
 REFINE_WARM, REFINE_EVERY = 256, 4  # the cost model refines from every step until it has 256
-# observations, then from every 4th predicted step: a refinement costs 30-45 µs of host time after
+# observations, then from every 4th predicted step: a refinement costs 25-45 µs of host time after
 # a forward (cold caches), about 1 % of a batch-1 step on `tiny`, and every step would pay it
 
 
