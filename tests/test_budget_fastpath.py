@@ -12,6 +12,7 @@ import random
 from specfold.decoding.drafts.acceptance import bucket
 from specfold.decoding.plugins import Draft
 from specfold.decoding.proposal import Proposal
+from specfold.engine import budget as B
 from specfold.engine.budget import MARGIN, BudgetChooser, best_closure
 from specfold.engine.cost import CostModel, Shape
 
@@ -206,7 +207,7 @@ class _RefCost(CostModel):
         e *= 2 * (0.3 if e > 0 else 1 - 0.3)
         lo = 0.1 * max(pred, seconds)  # each scale at least a tenth of the step's host time
         vals = [(n, x, max(getattr(self, n), _FLOORS[n], lo)) for n, x in
-                (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts)) if x]
+                (("host0", 1.0), ("host_job", s.jobs), ("host_draft", s.drafts), ("host_made", s.made)) if x]
         den = sum((x * sc) ** 2 for _, x, sc in vals)
         for n, x, sc in vals:
             setattr(self, n, max(0.0, getattr(self, n) + 0.15 * e * x * sc * sc / den))
@@ -223,7 +224,7 @@ class _RefCost(CostModel):
 
 
 _FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
-           "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}
+           "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7, "host_made": 1e-7}
 
 
 def _cost(rng, cls=CostModel):
@@ -257,18 +258,96 @@ def _instance(rng):
 
 
 def test_choice_is_the_reference_choice():
-    """Over 3000 random instances the fast choice is the reference's, pair for pair."""
+    """Over 3000 random instances the fast choice is the reference's, pair for pair, wherever two or
+    more requests have drafts (one request's choice is exact: the next test)."""
     rng = random.Random(2323)
-    differ = nonempty = 0
+    differ = nonempty = compared = 0
     for _ in range(3000):
         c = _cost(rng)
         F0, V0, per_req, deltas, max_rows = _instance(rng)
+        if sum(1 for items in per_req if items) < 2:
+            continue
+        compared += 1
         want = _refbest_closure(c, F0, V0, per_req, deltas, max_rows)
         got = best_closure(c, F0, V0, per_req, deltas, max_rows, t0=c.predict(F0, host=True))
         differ += got != want
         nonempty += bool(want)
     assert differ == 0
-    assert 300 < nonempty < 2900  # the instances exercise both outcomes
+    assert compared > 2000 and 0.1 * compared < nonempty < 0.95 * compared  # both outcomes exercised
+
+
+def _step_ratio(c, F0, V0, items, d, sel):
+    F, V = F0, V0
+    for j in sel:
+        v, _, h = items[j]
+        F, V = F.plus(Shape(d.rows, d.attn, h, d.fold, d.fold_calls, 0, d.drafts)), V + v
+    return V / c.predict(F, host=True)
+
+
+def _brute_one(c, F0, V0, items, d, max_rows) -> float:
+    """The best ratio over every closed set of one request's items within the row budget."""
+    best = V0 / c.predict(F0, host=True)
+    for mask in range(1, 1 << len(items)):
+        sel = [j for j in range(len(items)) if mask >> j & 1]
+        if all(items[j][1] < 0 or items[j][1] in sel for j in sel) and \
+                F0.rows + len(sel) * (d.fold or d.rows) <= max_rows:
+            best = max(best, _step_ratio(c, F0, V0, items, d, sel))
+    return best
+
+
+def test_one_request_is_chosen_exactly():
+    """Where a single request has drafts (batch 1: FreeDave's chain, a Spiffy graph), the choice is
+    the best of every closed set within the row budget (brute force), never worse than the
+    reference's linearisations, on random trees of up to 9 drafts, among them stars that only the
+    pruning of drafts that cannot pay brings under the enumeration's limit of 64 closed sets (a
+    tree still above it is left to the linearisations)."""
+    rng = random.Random(4141)
+    exact = nonempty = better = 0
+    for trial in range(2000):
+        c = _cost(rng)
+        F0, V0, per_req, deltas, max_rows = _instance(rng)
+        k = rng.randrange(len(per_req))
+        n = rng.randint(1, 9)
+        star = trial % 3 == 0  # node 0 the root, every other a child of it (a calibrated Spiffy graph)
+        items = [(rng.uniform(0, 1) if rng.random() > 0.1 else 0.0,
+                  (-1 if j == 0 else 0) if star else rng.randint(-1, j - 1), rng.randint(1, 8)) for j in range(n)]
+        if star:  # most children rarely reached, as calibrated graphs have them
+            items = [(v * (1 if j < 3 else 0.05), par, h) for j, (v, par, h) in enumerate(items)]
+        per_req = [items if i == k else [] for i in range(len(per_req))]
+        got = best_closure(c, F0, V0, per_req, deltas, max_rows, t0=c.predict(F0, host=True))
+        sel = sorted(j for _, j in got)
+        assert all(kk == k for kk, _ in got) and len(set(sel)) == len(sel)
+        assert all(items[j][1] < 0 or items[j][1] in sel for j in sel)
+        assert F0.rows + len(sel) * (deltas[k].fold or deltas[k].rows) <= max_rows
+        r, want = _step_ratio(c, F0, V0, items, deltas[k], sel), _brute_one(c, F0, V0, items, deltas[k], max_rows)
+        ref = _refbest_closure(c, F0, V0, per_req, deltas, max_rows)
+        r_ref = _step_ratio(c, F0, V0, items, deltas[k], [j for _, j in ref])
+        assert r >= r_ref * (1 - 1e-12)
+        better += r > r_ref * (1 + 1e-9)
+        d = deltas[k]
+        enumerated = B._one_tree(B._Memo(c), B._tup(F0), V0, c.predict(F0, host=True), items,
+                                 (d.rows, d.attn, d.fold, d.fold_calls, d.drafts), d.fold or d.rows, max_rows)
+        if enumerated is not None:
+            assert abs(r - want) <= 1e-12 * want, (r, want)
+            exact += 1
+        nonempty += bool(sel)
+    assert exact > 1500  # the rest: trees of over 64 closed sets after pruning, the reference's choice
+    assert 200 < nonempty < 1900 and better > 0
+
+
+def test_the_pruned_enumeration_gives_way_on_large_trees():
+    """A tree whose closed sets stay above the limit after pruning is left to the linearisations
+    (the reference's choice), and pruning keeps every draft that could pay."""
+    c = CostModel([16, 32, 64, 128, 256], [1.0, 1.05, 1.1, 1.2, 1.4], 0.0, 0.0)  # drafts nearly free
+    star = [(0.9, -1, 1)] + [(0.5, 0, 1)] * 8  # 2**8 + 1 closed sets, every one worth taking
+    F0, d = Shape(16, 0, 1), Shape(16, 0, 0, drafts=1)
+    assert B._one_tree(B._Memo(c), B._tup(F0), 1.0, c.predict(F0, host=True), star,
+                       (d.rows, d.attn, d.fold, d.fold_calls, d.drafts), d.rows, float("inf")) is None
+    got = best_closure(c, F0, 1.0, [star], [d], t0=c.predict(F0, host=True))
+    assert got == _refbest_closure(c, F0, 1.0, [star], [d], float("inf")) == [(0, j) for j in range(9)]
+    worthless = [(0.9, -1, 1)] + [(0.5, 0, 1)] * 2 + [(1e-6, 0, 1)] * 6  # 6 drafts that cannot pay
+    assert B._keep(worthless, 0.05, 0.0, 1.0 / c.predict(F0, host=True)) == [True] * 3 + [False] * 6
+    assert best_closure(c, F0, 1.0, [worthless], [d], t0=c.predict(F0, host=True)) == [(0, 0), (0, 1), (0, 2)]
 
 
 def test_a_single_chain_is_chosen_as_the_reference_chooses():
@@ -322,17 +401,19 @@ def test_host_refinement_matches_the_reference():
     """The host terms move exactly as the reference's, from zero and from random starts."""
     rng = random.Random(23)
     for trial in range(300):
-        h = [0.0, 0.0, 0.0] if trial % 3 == 0 else [rng.uniform(0, 1e-3) for _ in range(3)]
-        a = CostModel([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2])
-        b = _RefCost([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2])
+        h = [0.0] * 4 if trial % 3 == 0 else [rng.uniform(0, 1e-3) for _ in range(4)]
+        a = CostModel([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2], host_made=h[3])
+        b = _RefCost([8, 16], [1.0, 2.0], host0=h[0], host_job=h[1], host_draft=h[2], host_made=h[3])
         for _ in range(40):
-            s = Shape(16.0, 0.0, 0.0, jobs=float(rng.randint(0, 16)), drafts=float(rng.choice([0, 0, rng.randint(1, 40)])))
+            jobs = rng.randint(0, 16)
+            s = Shape(16.0, 0.0, 0.0, jobs=float(jobs), drafts=float(rng.choice([0, 0, rng.randint(1, 40)])),
+                      made=float(rng.choice([0, rng.randint(0, jobs)])))
             sec = rng.choice([0.0, -1e-4, rng.uniform(1e-6, 3e-3)])
             a.observe_host(s, sec)
             _RefCost.observe_host(b, s, sec)
-            assert (a.host0, a.host_job, a.host_draft, a.host_observations) == \
-                (b.host0, b.host_job, b.host_draft, b.host_observations)
-        assert a.host0 + a.host_job + a.host_draft > 0  # it learnt something
+            assert (a.host0, a.host_job, a.host_draft, a.host_made, a.host_observations) == \
+                (b.host0, b.host_job, b.host_draft, b.host_made, b.host_observations)
+        assert a.host0 + a.host_job + a.host_draft + a.host_made > 0  # it learnt something
 
 
 def _ref_buckets(p):

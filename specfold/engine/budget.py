@@ -25,7 +25,10 @@ The choice. Each draft gets a density P_i·min(τ, m_i) / its marginal cost at t
 a child's key is capped at its parent's, so sorting by key (ties: list order) is an order in which every
 prefix is closed under parents. The step's ratio is evaluated exactly at every prefix of that order
 (the cost is not linear: rows are cheaper in bulk), and the best prefix is taken (the empty one
-included: no drafts when none pays). Before drafting, the same choice runs on the policy's graph
+included: no drafts when none pays); Dinkelbach's method then improves on it (`best_closure`).
+Where a single request has drafts (batch 1), its exact best set is found instead: drafts that
+cannot pay at any set size are dropped, and every closed set of the rest is evaluated (`_one_tree`).
+Before drafting, the same choice runs on the policy's graph
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
 at all, and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
 steps (reset when drafts are chosen again). After k steps in a row in which the screen passed no
@@ -53,6 +56,7 @@ RHO_WEIGHT = 0.05  # EMA weight of a step's fold ratio
 BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that were not chosen
 IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped between two choices
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
+TREE_SETS = 64  # one request's closed sets of drafts, after pruning, are evaluated exactly up to this many
 REFINE_WARM, REFINE_EVERY = 256, 4  # the cost model refines from every step until it has 256
 # observations, then from every 4th predicted step: a refinement costs 25-45 µs of host time after
 # a forward (cold caches), about 1 % of a batch-1 step on `tiny`, and every step would pay it
@@ -114,12 +118,13 @@ class BudgetChooser:
         self._shape: Shape | None = None  # this step's jobs
         self._idle = [0, 0]  # [steps left to skip, steps in a row the screen passed nobody]: `_idle_after`
         self._ticks = 0  # predicted steps seen by `observe` (every REFINE_EVERY-th refines, once warm)
+        self._made = 0  # requests whose drafts this step's choice made and weighed (host work)
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
         """Set `req.draft_pick` (block programs) or `req.draft_budget` (causal ones) for every request
         of this step; returns the predicted seconds of the step (auto only)."""
-        self._last = None
+        self._last, self._made = None, 0
         if not self.auto:
             for req, p in zip(reqs, props):
                 self._fixed(req, p)
@@ -151,6 +156,10 @@ class BudgetChooser:
             if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
                 self._idle_after(bool(wanted))
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
+        if wanted:  # their drafts are made and weighed now: host work whatever is then verified
+            self._made = len(wanted)
+            F0.made = float(len(wanted))
+            T0 = self.cost.predict(F0, host=True)
         items: list[list] = [[] for _ in live]
         rate: dict = {}  # (node, bucket) -> acceptance estimate, this step
         keep = 1 - MARGIN
@@ -252,7 +261,7 @@ class BudgetChooser:
         ratio without drafts (`ratio`: V0 / T0, when the caller has it). When the drafts would start
         the step's folded verification, its fixed cost counts too, shared by every request that may
         draft: j drafts are then worth at most the j best node rates over j marginals plus that
-        share. Cheap: no draft is made for the others, and f is evaluated once per distinct draft
+        share, and plus the request's own cost of making and weighing its drafts (`host_made`). Cheap: no draft is made for the others, and f is evaluated once per distinct draft
         row count (a full batch of one width: twice in all)."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
         n = max(p.nodes for _, p in live)
@@ -271,6 +280,7 @@ class BudgetChooser:
         # a folded verification's fixed cost, when the step has none yet: shared at best by every
         # request that may draft, each with all its nodes
         share = c.fold0 / sum(1 for _, p in live if p.nodes) if folded and not F0.fold_calls and c.fold0 else 0.0
+        share += c.host_made  # making and weighing its drafts: paid however many are then verified
         out = []
         for k, (_, p) in enumerate(live):
             if not p.nodes:
@@ -328,6 +338,7 @@ class BudgetChooser:
         c = self.cost
         if c.observations < REFINE_WARM or self._ticks % REFINE_EVERY == 0:
             F = jobs_shape(jobs, self.folded, self.rho)
+            F.made = float(self._made)
             self._shape, self._model_s = F, seconds
             c.observe(F, seconds)
         if not self.folded:
@@ -359,7 +370,7 @@ class BudgetChooser:
             out["cost"] = {"grid": list(c.grid), "f": list(c.f), "c_attn": c.c_attn, "c_head": c.c_head,
                            "fold0": c.fold0, "fold_row": c.fold_row, "fold_roots": c.fold_roots,
                            "observations": c.observations,
-                           "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft,
+                           "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft, "host_made": c.host_made,
                            "calibration_seconds": c.calibration_seconds}
         return out
 
@@ -376,8 +387,9 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     tokens, parent item index or -1, head rows), parents first; `deltas[k]`: what one of its drafts
     adds, head rows apart; `t0`: the predicted seconds of F0 (whole step), when the caller has them
     -> the chosen (request, item index) pairs. Run from three linearisations (no drafts, every draft,
-    the best prefix), the best kept; a single request's chain (FreeDave at batch 1) stops at the
-    best prefix, which is its exact optimum (`_one_chain`).
+    the best prefix), the best kept. Where a single request has drafts (batch 1, or one request past
+    the screen) its exact optimum is found instead (`_one_tree`), unless its tree has too many
+    closed sets.
 
     Host cost: shapes are plain tuples of floats here (no dataclass per item), the predicted seconds
     of one shape are computed once, and f(rows) is evaluated once per distinct row count of an
@@ -387,6 +399,12 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     S0 = _tup(F0)
     T0 = _t(c, S0) if t0 is None else t0
     dd = [(d.rows, d.attn, d.fold, d.fold_calls, d.drafts) for d in deltas]
+    live = [k for k, items in enumerate(per_req) if items]
+    if len(live) == 1:
+        k = live[0]
+        got = _one_tree(c, S0, V0, T0, per_req[k], dd[k], deltas[k].fold or deltas[k].rows, max_rows)
+        if got is not None:
+            return [(k, j) for j in got]
     every = [(k, j) for k, items in enumerate(per_req) for j in range(len(items))]
     if max_rows != float("inf") and F0.rows + sum((d.fold or d.rows) * len(it) for d, it in zip(deltas, per_req)) <= max_rows:
         max_rows = float("inf")  # every draft fits (rows are whole numbers): no subset needs cutting
@@ -399,8 +417,6 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     r, pre, P = _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas)
     if r > best:
         best, chosen = r, pre
-    if _one_chain(per_req):  # every closed set is a prefix of the one chain, and every prefix was
-        return chosen  # evaluated exactly: no linearisation can find a better one
     # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
     # rows are cheaper in bulk, so the linearisation point matters)
     for start in (S0, G, P):
@@ -411,7 +427,8 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
 class _Memo:
     """The cost model's terms for one choice, f(rows) memoised (the same rows recur across the
     linearisations and prefixes)."""
-    __slots__ = ("f_of", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job", "host_draft")
+    __slots__ = ("f_of", "least_step", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job", "host_draft",
+                 "host_made")
 
     def __init__(self, c: CostModel):
         memo: dict[float, float] = {}
@@ -423,18 +440,19 @@ class _Memo:
                 v = memo[rows] = f_of(rows)
             return v
         self.f_of = f
+        self.least_step = c.least_step
         self.c_attn, self.c_head, self.fold0, self.fold_row = c.c_attn, c.c_head, c.fold0, c.fold_row
-        self.host0, self.host_job, self.host_draft = c.host0, c.host_job, c.host_draft
+        self.host0, self.host_job, self.host_draft, self.host_made = c.host0, c.host_job, c.host_draft, c.host_made
 
 
 def _tup(F: Shape) -> tuple:
-    return (F.rows, F.attn, F.head, F.fold, F.fold_calls, F.jobs, F.drafts)
+    return (F.rows, F.attn, F.head, F.fold, F.fold_calls, F.jobs, F.drafts, F.made)
 
 
 def _t(c: CostModel, s: tuple) -> float:
     """`c.predict(Shape(*s), host=True)` on a plain tuple (the same formula, cost.py)."""
-    rows, attn, head, fold, fc, jobs, drafts = s
-    return model_seconds(c, rows, attn, head, fold, fc) + host_seconds(c, jobs, drafts)
+    rows, attn, head, fold, fc, jobs, drafts, made = s
+    return model_seconds(c, rows, attn, head, fold, fc) + host_seconds(c, jobs, drafts, made)
 
 
 def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, list[tuple[int, int]], tuple]:
@@ -463,12 +481,85 @@ def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, l
     return best, pick[:best_n], best_s
 
 
-def _one_chain(per_req: list[list[tuple]]) -> bool:
-    """Whether a single request has items and they form a chain (each item's parent is the one
-    before it): FreeDave's drafts at batch 1. Its closed sets are then exactly the chain's prefixes,
-    which `_best_prefix` evaluates in chain order (a chain's merged groups never get denser down it)."""
-    live = [items for items in per_req if items]
-    return len(live) == 1 and all(par == j - 1 for j, (_, par, _) in enumerate(live[0]))
+def _one_tree(c, S0: tuple, V0: float, T0: float, items: list[tuple], d: tuple, row_cost: float,
+              max_rows: float) -> list[int] | None:
+    """One request's items (a tree in list order, parents first: FreeDave's chain, a Spiffy graph)
+    -> the indices of its exact best closed set, ascending; None where the tree left after pruning
+    still has more than TREE_SETS closed sets (the caller's linearisations then run).
+
+    Every draft of one request adds the same rows, attention and fold work (`d`), so a draft's
+    marginal seconds are at least what d_rows more rows cost at f's least slope between the set
+    sizes that can occur (`CostModel.least_step`), plus its own linear terms (the fold's fixed cost,
+    paid once, only adds). An item whose subtree holds no draft whose tokens reach the step's ratio
+    without drafts (V0 / T0) at that lower bound is in no best set (`_keep`) and is dropped. The
+    closed sets of the rest are evaluated exactly, each after the sets it extends along the list
+    (a chain: its prefixes, shortest first), and the first best is kept: ties go to fewer drafts."""
+    d_rows, d_attn, d_fold, d_fc, d_drafts = d
+    rows0, n = S0[0], len(items)
+    floor = c.least_step(rows0, rows0 + n * d_rows, d_rows) + c.c_attn * d_attn + c.fold_row * d_fold \
+        + c.host_draft * d_drafts
+    keep = _keep(items, floor, c.c_head, V0 / T0)
+    if _closed_sets(items, keep) > TREE_SETS:
+        return None
+    fits, rows = [True], rows0  # fits[m]: m drafts within the row budget (accumulated as `_fit` does)
+    for _ in range(n):
+        rows += row_cost
+        fits.append(rows <= max_rows)
+    order = [j for j in range(n) if keep[j]]
+    taken = [False] * n
+    best = [V0 / T0, []]
+
+    def visit(pos: int, s: tuple, V: float, m: int) -> None:
+        if pos == len(order):
+            if m:
+                r = V / _t(c, s)
+                if r > best[0]:
+                    best[0], best[1] = r, [j for j in order if taken[j]]
+            return
+        visit(pos + 1, s, V, m)
+        j = order[pos]
+        v, par, h = items[j]
+        if (par < 0 or taken[par]) and fits[m + 1]:
+            rows_, attn, head, fold, fc, jobs, drafts, made = s
+            taken[j] = True
+            visit(pos + 1, (rows_ + d_rows, attn + d_attn, head + h, fold + d_fold, d_fc if d_fc > fc else fc, jobs,
+                            drafts + d_drafts, made), V + v, m + 1)
+            taken[j] = False
+    visit(0, S0, V0, 0)
+    return best[1]
+
+
+def _keep(items: list[tuple], floor: float, c_head: float, bar: float) -> list[bool]:
+    """Per item: whether its subtree (itself and its descendants) holds an item worth at least `bar`
+    tokens per second at its least marginal cost (`floor` + its head rows), its parent kept too. In
+    a best set S*, the subtree U of any of its items (S* without U is closed) adds tokens and
+    seconds at a ratio of at least the best ratio, else S* without U would be better, and the best
+    ratio is at least `bar`; that ratio is at most the densest of U's items at their least costs. So
+    an item dropped here is in no best set."""
+    dense = [v >= bar * (floor + c_head * h) for v, _, h in items]
+    for j in range(len(items) - 1, -1, -1):  # children come after parents: bottom-up
+        par = items[j][1]
+        if par >= 0 and dense[j]:
+            dense[par] = True
+    keep = []
+    for j, (_, par, _) in enumerate(items):
+        keep.append(dense[j] and (par < 0 or keep[par]))
+    return keep
+
+
+def _closed_sets(items: list[tuple], keep: list[bool]) -> int:
+    """How many sets of the kept items are closed under parents (the empty one included): per item,
+    1 (not taken) + the product over its kept children, multiplied over the kept roots."""
+    prod = [1] * len(items)
+    total = 1
+    for j in range(len(items) - 1, -1, -1):
+        if keep[j]:
+            par, n = items[j][1], 1 + prod[j]
+            if par >= 0:
+                prod[par] *= n
+            else:
+                total *= n
+    return total
 
 
 def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, list[int]]]:
@@ -545,7 +636,7 @@ def _shape(S0: tuple, V0: float, pick, per_req, dd) -> tuple[tuple, float]:
 
 def _prefixes(S0: tuple, V0: float, pick, per_req, dd):
     """(shape, value) after each item of `pick` in turn, from the base shape S0 and value V0."""
-    rows, attn, head, fold, fc, jobs, drafts = S0
+    rows, attn, head, fold, fc, jobs, drafts, made = S0
     V = V0
     for k, j in pick:
         d_rows, d_attn, d_fold, d_fc, d_drafts = dd[k]
@@ -558,7 +649,7 @@ def _prefixes(S0: tuple, V0: float, pick, per_req, dd):
             fc = d_fc
         drafts += d_drafts
         V += v
-        yield (rows, attn, head, fold, fc, jobs, drafts), V
+        yield (rows, attn, head, fold, fc, jobs, drafts, made), V
 
 
 def _fit(pick, per_req, deltas, rows0: float, max_rows: float):

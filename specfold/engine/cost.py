@@ -11,7 +11,10 @@ A step is described by its `Shape` (host integers, known before the step runs):
 
 plus, for the whole step (`predict(s, host=True)`), the host work around the model call that the
 user pays too: planning, drafting, reading the scores back into Python, the rules and the store,
-`host0 + host_job·jobs + host_draft·drafts` (jobs and verified drafts of the step). At the tiny
+`host0 + host_job·jobs + host_draft·drafts + host_made·made`: the step's jobs, its verified drafts,
+and the requests whose drafts were made and weighed (making and weighing them costs the same whether
+none, one or seven are then verified: lumped into `host_draft`, that cost priced a second draft at
+twice the first's host work, and the chooser verified one draft where two paid). At the tiny
 model's width the host side is a tenth of a step, and each verified draft adds its own share.
 
 `f` is piecewise linear over a grid of row counts (linear past the last point), so a small batch's
@@ -71,7 +74,7 @@ CALIBRATION_PASSES = 3  # passes over the row grid, each point's fastest kept (w
 GROW = 1.5  # a step this far past the last calibrated row count becomes a new grid point
 MIN_SECONDS = 1e-7
 FLOORS = {"f": 1e-6, "c_attn": 1e-13, "c_head": 1e-9, "fold0": 1e-6, "fold_row": 1e-9,
-          "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7}  # parameter scales
+          "host0": 1e-6, "host_job": 1e-6, "host_draft": 1e-7, "host_made": 1e-7}  # parameter scales
 F_FLOOR = FLOORS["f"]
 HOST_SHARE = 0.1  # a host term's scale in `observe_host`: at least this share of the step's host time
 
@@ -93,11 +96,12 @@ class Shape:
     fold_calls: int = 0
     jobs: float = 0.0  # jobs of the step (host work)
     drafts: float = 0.0  # drafts verified (host work)
+    made: float = 0.0  # requests whose drafts were made and weighed this step (host work)
 
     def plus(self, other: "Shape") -> "Shape":
         return Shape(self.rows + other.rows, self.attn + other.attn, self.head + other.head,
                      self.fold + other.fold, max(self.fold_calls, other.fold_calls),
-                     self.jobs + other.jobs, self.drafts + other.drafts)
+                     self.jobs + other.jobs, self.drafts + other.drafts, self.made + other.made)
 
 
 def model_seconds(c, rows: float, attn: float, head: float, fold: float, fold_calls: int) -> float:
@@ -109,9 +113,9 @@ def model_seconds(c, rows: float, attn: float, head: float, fold: float, fold_ca
     return t
 
 
-def host_seconds(c, jobs: float, drafts: float) -> float:
+def host_seconds(c, jobs: float, drafts: float, made: float = 0.0) -> float:
     """The step's host work around the model call, predicted from the terms of `c`."""
-    return c.host0 + c.host_job * jobs + c.host_draft * drafts
+    return c.host0 + c.host_job * jobs + c.host_draft * drafts + c.host_made * made
 
 
 @dataclass
@@ -125,6 +129,7 @@ class CostModel:
     host0: float = 0.0
     host_job: float = 0.0
     host_draft: float = 0.0
+    host_made: float = 0.0
     fold_roots: bool = False  # root-only verifications cost less inside the folded call (measured)
     observations: int = 0
     host_observations: int = 0
@@ -145,13 +150,27 @@ class CostModel:
         i, w = self._interp(rows)
         return max(MIN_SECONDS, (1 - w) * self.f[i] + w * self.f[i + 1])
 
+    def least_step(self, lo: float, hi: float, d: float) -> float:
+        """A lower bound on f(x + d) - f(x) for every x with lo <= x and x + d <= hi: d times the
+        least slope of the segments that [lo, hi] meets (extrapolated past the grid's ends), less
+        MIN_SECONDS (f is clamped at it), and never below 0 (f never falls)."""
+        g, f = self.grid, self.f
+        i, _ = self._interp(lo)
+        slope = float("inf")
+        while True:
+            slope = min(slope, (f[i + 1] - f[i]) / (g[i + 1] - g[i]))
+            if i + 2 >= len(g) or g[i + 1] >= hi:
+                break
+            i += 1
+        return max(0.0, slope * d - MIN_SECONDS)
+
     def predict(self, s: Shape, host: bool = False) -> float:
         """Seconds of the step's model call; `host`: of the whole step (its host work too)."""
         t = model_seconds(self, s.rows, s.attn, s.head, s.fold, s.fold_calls)
         return t + self.host_of(s) if host else t
 
     def host_of(self, s: Shape) -> float:
-        return host_seconds(self, s.jobs, s.drafts)
+        return host_seconds(self, s.jobs, s.drafts, s.made)
 
     # ------------------------------------------------------------------ online refinement
     def observe(self, s: Shape, seconds: float) -> None:
@@ -209,15 +228,16 @@ class CostModel:
         pred = self.host_of(s)
         e = max(-CLIP * max(pred, seconds), min(CLIP * max(pred, seconds), seconds - pred))
         e *= 2 * (EXPECTILE if e > 0 else 1 - EXPECTILE)
-        xj, xd = s.jobs, s.drafts
+        xj, xd, xm = s.jobs, s.drafts, s.made
         # each term's scale is at least a share of the step's host time: the terms start at zero, and a
         # relative step from a fixed floor would leave a term that starts there (a draft's host work,
         # 0.13 ms a draft at the tiny model's width, batch 1) at zero for ever
         lo = HOST_SHARE * max(pred, seconds)
         s0, sj, sd = max(self.host0, FLOORS["host0"], lo), max(self.host_job, FLOORS["host_job"], lo), \
             max(self.host_draft, FLOORS["host_draft"], lo)
+        sm = max(self.host_made, FLOORS["host_made"], lo)
         den = 0
-        for x, sc in ((1.0, s0), (xj, sj), (xd, sd)):
+        for x, sc in ((1.0, s0), (xj, sj), (xd, sd), (xm, sm)):
             if x:
                 den += (x * sc) ** 2
         g = ETA * e
@@ -226,6 +246,8 @@ class CostModel:
             self.host_job = max(0.0, self.host_job + g * xj * sj * sj / den)
         if xd:
             self.host_draft = max(0.0, self.host_draft + g * xd * sd * sd / den)
+        if xm:
+            self.host_made = max(0.0, self.host_made + g * xm * sm * sm / den)
         self.host_observations += 1
 
     # ------------------------------------------------------------------ JSON
@@ -253,7 +275,7 @@ class CostModel:
         if d.get("version") != VERSION:
             raise ValueError("another cost model version")
         fields = {k: d[k] for k in ("grid", "f", "c_attn", "c_head", "fold0", "fold_row", "host0", "host_job",
-                                     "host_draft", "fold_roots", "observations", "host_observations", "key",
+                                     "host_draft", "host_made", "fold_roots", "observations", "host_observations", "key",
                                      "calibration_seconds") if k in d}
         m = cls(**fields)
         if len(m.grid) < 2 or len(m.grid) != len(m.f) or any(b <= a for a, b in zip(m.grid, m.grid[1:])):
