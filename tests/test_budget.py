@@ -219,6 +219,38 @@ def test_auto_skips_the_choice_where_drafts_never_pay(checkpoint):
     assert seen == [0, 1, 3, 7, 7, 0, 0, 1]
 
 
+def test_drafts_that_paid_skip_the_screen(checkpoint, monkeypatch):
+    """Where drafts pay, a request whose drafts were chosen at its last choice is not screened again
+    (its drafts are made and weighed at once): the screen runs on fewer requests than have their
+    drafts made, never on a request whose drafts paid, and the tokens are vanilla's."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    A.reset_registry()
+    cfg = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["spiffy"]).split()[0]
+    _install_cost(llm, cfg, slope=0.06 / 8)
+    screened, made = [], []
+    screen, choose = BudgetChooser._worth_drafting, BudgetChooser.choose
+
+    def spy_screen(self, F0, live, parents, ratio=None, skip=frozenset()):
+        screened.append([r.drafts_paid for k, (r, _) in enumerate(live) if k not in skip and _.nodes])
+        return screen(self, F0, live, parents, ratio, skip)
+
+    def spy_choose(self, reqs, props, base):
+        out = choose(self, reqs, props, base)
+        made.append(sum(1 for p in props if p is not None and p.computed))
+        return out
+    monkeypatch.setattr(BudgetChooser, "_worth_drafting", spy_screen)
+    monkeypatch.setattr(BudgetChooser, "choose", spy_choose)
+    for name in ("observe", "observe_host"):  # the machine stays the one installed (refinement would
+        monkeypatch.setattr(CostModel, name, lambda *a, **k: None)  # move it to this CPU's)
+    want = _batched(llm, DecodeParams(rule="threshold", threshold=0.6).split()[0], PROMPTS, MAX_NEW)
+    got = _batched(llm, cfg, PROMPTS, MAX_NEW)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert sum(g.stats.extra["drafts_verified"] for g in got) > 0
+    assert not any(any(paid) for paid in screened)  # a request whose drafts paid is never screened
+    # without the skip every request whose drafts are made was screened in that step: screens >= made
+    assert sum(len(x) for x in screened) < sum(made), (sum(len(x) for x in screened), sum(made))
+
+
 def test_refinement_samples_the_steps_once_warm(checkpoint):
     """Until the cost model has REFINE_WARM observations every predicted step refines it; after that
     one in REFINE_EVERY does (model and host terms alike), while every predicted step is still

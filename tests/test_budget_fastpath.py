@@ -458,7 +458,8 @@ def test_buckets_match_the_reference():
 
 def test_screen_is_the_reference_screen():
     """The pre-draft screen (which requests are drafted at all) against its reference formula, dense
-    and folded, one width and mixed widths."""
+    and folded, one width and mixed widths, with and without a cost of making a request's drafts;
+    requests it is told to skip are not screened, and the others' verdicts do not change."""
     rng = random.Random(7)
 
     class Acc:
@@ -478,6 +479,7 @@ def test_screen_is_the_reference_screen():
     for _ in range(1000):
         ch = BudgetChooser.__new__(BudgetChooser)
         ch.cost = _cost(rng)
+        ch.cost.host_made = rng.choice([0.0, rng.uniform(0, 0.05)])
         ch.folded = rng.random() < 0.4
         ch.rho = rng.uniform(0, 1)
         ch.acceptance = Acc([rng.uniform(0, 1) for _ in range(8)], rng.uniform(1, 3))
@@ -507,8 +509,11 @@ def test_screen_is_the_reference_screen():
                 marginal = max(c.f_of(full.rows) - c.f_of(full.rows - d.rows), 1e-12) + c.c_attn * d.attn \
                     + c.fold_row * d.fold + c.c_head + c.host_draft
                 u = min(tau, p.masked) * (1 - MARGIN)  # since this change: the items' own discount
+                share = 0.0
                 if ch.folded and not F0.fold_calls and c.fold0:  # since ac0a119: the folded call's fixed cost
                     share = c.fold0 / len([q for _, q in live if q.nodes])
+                share += c.host_made  # since host_made: the request's own making and weighing
+                if share:
                     rates = sorted(acc.rates[: min(p.nodes, len(parents))], reverse=True)
                     best = max(u * sum(rates[:j]) / (j * marginal + share)
                                for j in range(1, len(rates) + 1))
@@ -519,6 +524,8 @@ def test_screen_is_the_reference_screen():
         assert ch._worth_drafting(F0, live, parents) == want
         V0 = sum(min(tau, p.masked) for _, p in live)
         assert ch._worth_drafting(F0, live, parents, V0 / c.predict(F0, host=True)) == want
+        skip = {k for k in range(len(live)) if rng.random() < 0.3}  # drafts that paid last time: not screened
+        assert ch._worth_drafting(F0, live, parents, skip=skip) == [k for k in want if k not in skip]
 
 
 def _ref_job_shape(job, folded: bool, rho: float) -> Shape:

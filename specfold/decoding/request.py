@@ -84,6 +84,10 @@ class DecodeRequest:
         # the chooser's word on whether this request still drafts when it verifies none this step (True:
         # its drafts were worth nothing here, e.g. each completes the block; None: drafts chosen = drafting)
         self.still_drafting: bool | None = None
+        # the auto chooser's own: [steps left to skip drafting, refusals in a row] (`_backing_off`), and
+        # whether its drafts were chosen at its last choice (then the pre-draft screen is skipped)
+        self.budget_backoff: list[int] | None = None
+        self.drafts_paid = False
         self.state = None  # the program's typed per-request state
         self.cache = None  # the request's PrefixCache (the program makes it)
 

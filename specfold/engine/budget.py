@@ -151,8 +151,10 @@ class BudgetChooser:
         parents = self.parents
         if parents is None:  # a policy without a graph: every request that may draft is drafted
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
-        else:
-            wanted = self._worth_drafting(F0, live, parents, V0 / T0)
+        else:  # a request whose drafts were chosen at its last choice skips the screen: they paid
+            paid = {k for k, (r, p) in enumerate(live) if p.nodes and r.drafts_paid}
+            wanted = sorted(paid) if len(paid) == len(live) else \
+                sorted(paid.union(self._worth_drafting(F0, live, parents, V0 / T0, skip=paid)))
             if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
                 self._idle_after(bool(wanted))
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
@@ -210,7 +212,7 @@ class BudgetChooser:
     def _backing_off(req) -> bool:
         """A request whose drafts were made and none chosen skips drafting for 1, 3, 7, 15 steps after
         1, 2, 3, 4+ such steps in a row (the policy's host work is not free when nothing pays)."""
-        st = getattr(req, "budget_backoff", None)
+        st = req.budget_backoff
         if st is None or st[0] <= 0:
             return False
         st[0] -= 1
@@ -218,10 +220,10 @@ class BudgetChooser:
 
     @staticmethod
     def _outcome(req, chosen: bool) -> None:
-        st = getattr(req, "budget_backoff", None) or [0, 0]
+        st = req.budget_backoff or [0, 0]
         st[1] = 0 if chosen else min(st[1] + 1, BACKOFF_MAX)
         st[0] = 0 if chosen else 2 ** st[1] - 1
-        req.budget_backoff = st
+        req.budget_backoff, req.drafts_paid = st, chosen
 
     def _fixed(self, req, p: Proposal | None) -> None:
         n = int(self.budget)
@@ -254,15 +256,18 @@ class BudgetChooser:
             return Shape((1.0 - self.rho) * W, attn, 0.0, W, 1, 0, 1)
         return Shape(W, attn, 0.0, drafts=1)
 
-    def _worth_drafting(self, F0: Shape, live, parents: list[int], ratio: float | None = None) -> list[int]:
+    def _worth_drafting(self, F0: Shape, live, parents: list[int], ratio: float | None = None,
+                        skip: set[int] | frozenset = frozenset()) -> list[int]:
         """The requests whose drafts might pay: a draft's density is at most (the best node rate)
         × min(τ, masks) over its cheapest marginal cost (at the shape with every node of every
         request: f is sub-linear), and a set of drafts is only taken if its density beats the step
         ratio without drafts (`ratio`: V0 / T0, when the caller has it). When the drafts would start
         the step's folded verification, its fixed cost counts too, shared by every request that may
         draft: j drafts are then worth at most the j best node rates over j marginals plus that
-        share, and plus the request's own cost of making and weighing its drafts (`host_made`). Cheap: no draft is made for the others, and f is evaluated once per distinct draft
-        row count (a full batch of one width: twice in all)."""
+        share, and plus the request's own cost of making and weighing its drafts (`host_made`).
+        Cheap: no draft is made for the others, and f is evaluated once per distinct draft row count
+        (a full batch of one width: twice in all). `skip`: requests not to screen (their drafts paid
+        at their last choice; they still count in the step's rows)."""
         c, acc, tau = self.cost, self.acceptance, self.acceptance.tau
         n = max(p.nodes for _, p in live)
         if not n:
@@ -283,7 +288,7 @@ class BudgetChooser:
         share += c.host_made  # making and weighing its drafts: paid however many are then verified
         out = []
         for k, (_, p) in enumerate(live):
-            if not p.nodes:
+            if not p.nodes or k in skip:
                 continue
             W = p.width
             d_rows = keep * W if folded else W
