@@ -30,7 +30,7 @@ Where a single request has drafts (batch 1), its exact best set is found instead
 cannot pay at any set size are dropped, and every closed set of the rest is evaluated (`_one_tree`).
 Before drafting, the same choice runs on the policy's graph
 nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
-at all, and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
+at all (a request whose drafts were chosen at its last choice skips this screen), and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
 steps (reset when drafts are chosen again). After k steps in a row in which the screen passed no
 request that could draft, the next min(2^(k-1) - 1, 7) steps of the whole engine are not evaluated
 at all (no drafts, nothing predicted or observed), so that auto costs about what budget 0 costs
