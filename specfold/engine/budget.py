@@ -28,13 +28,13 @@ prefix is closed under parents. The step's ratio is evaluated exactly at every p
 included: no drafts when none pays); Dinkelbach's method then improves on it (`best_closure`).
 Where a single request has drafts (batch 1), its exact best set is found instead: drafts that
 cannot pay at any set size are dropped, and every closed set of the rest is evaluated (`_one_tree`).
-Before drafting, the same choice runs on the policy's graph
-nodes with optimistic values (m_i = m_s): a request whose nodes cannot pay even so is not drafted
-at all (a request whose drafts were chosen at its last choice skips this screen), and a request whose drafts were made but none chosen skips drafting for 1, 3, 7, then 15
-steps (reset when drafts are chosen again). After k steps in a row in which the screen passed no
-request that could draft, the next min(2^(k-1) - 1, 7) steps of the whole engine are not evaluated
-at all (no drafts, nothing predicted or observed), so that auto costs about what budget 0 costs
-where drafting does not pay. Host only: integers and floats, no tensor is read.
+Before drafting, the same choice runs on the policy's graph nodes with optimistic values
+(m_i = m_s): a request whose nodes cannot pay even so is not drafted at all (a request whose drafts
+were chosen at its last choice skips this screen), and a request whose drafts were made but none
+chosen skips drafting for 1, 3, 7, then 15 steps (reset when drafts are chosen again). After k
+steps in a row in which the screen passed no request that could draft, the next min(2^(k-1) - 1, 7)
+steps of the whole engine are not evaluated at all (no drafts, nothing predicted or observed), so
+that auto costs about what budget 0 costs where drafting does not pay. Host only: integers and floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.
@@ -375,7 +375,8 @@ class BudgetChooser:
             out["cost"] = {"grid": list(c.grid), "f": list(c.f), "c_attn": c.c_attn, "c_head": c.c_head,
                            "fold0": c.fold0, "fold_row": c.fold_row, "fold_roots": c.fold_roots,
                            "observations": c.observations,
-                           "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft, "host_made": c.host_made,
+                           "host0": c.host0, "host_job": c.host_job, "host_draft": c.host_draft,
+                           "host_made": c.host_made,
                            "calibration_seconds": c.calibration_seconds}
         return out
 
