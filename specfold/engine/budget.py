@@ -10,8 +10,8 @@ parents) costs one forward; the rule then advances from s, and again from every 
 scores the forward stored, until it reaches a state that was not verified. The root's step always
 happens: it is worth min(τ, m_s) tokens, τ the mean tokens per rule step (acceptance.py) and m_s the
 masks the current block has left. Each draft i in S is *reached* (hit) with probability P_i
-(acceptance.py: calibration prior, refined by the hits counted online; optimistic by one posterior
-deviation, so a node is tried until it is known not to pay) and then saves a whole rule step, worth
+(acceptance.py: the posterior mean of a calibration prior refined by the hits counted online, per
+node and confidence bucket; each discounted by MARGIN) and then saves a whole rule step, worth
 min(τ, m_i) tokens, m_i the masks its state leaves (0 when its state completes the block: reaching it
 saves nothing). So E[tokens | S] = Σ_roots min(τ, m_s) + Σ_{i∈S} P_i · min(τ, m_i). Hits of a
 node need its ancestors' states stored, which closure under parents guarantees, so P_i is the
