@@ -34,7 +34,8 @@ were chosen at its last choice skips this screen), and a request whose drafts we
 chosen skips drafting for 1, 3, 7, then 15 steps (reset when drafts are chosen again). After k
 steps in a row in which the screen passed no request that could draft, the next min(2^(k-1) - 1, 7)
 steps of the whole engine are not evaluated at all (no drafts, nothing predicted or observed), so
-that auto costs about what budget 0 costs where drafting does not pay. Host only: integers and floats, no tensor is read.
+that auto costs about what budget 0 costs where drafting does not pay. Host only: integers and
+floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.

@@ -13,8 +13,8 @@ plus, for the whole step (`predict(s, host=True)`), the host work around the mod
 user pays too: planning, drafting, reading the scores back into Python, the rules and the store,
 `host0 + host_job·jobs + host_draft·drafts + host_made·made`: the step's jobs, its verified drafts,
 and the requests whose drafts were made and weighed (making and weighing them costs the same whether
-none, one or seven are then verified: lumped into `host_draft`, that cost priced a second draft at
-twice the first's host work, and the chooser verified one draft where two paid). At the tiny
+none, one or seven are then verified: lumped into `host_draft`, it was charged again for every
+verified draft, and the chooser verified one draft where two paid). At the tiny
 model's width the host side is a tenth of a step, and each verified draft adds its own share.
 
 `f` is piecewise linear over a grid of row counts (linear past the last point), so a small batch's
