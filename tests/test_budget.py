@@ -251,6 +251,63 @@ def test_drafts_that_paid_skip_the_screen(checkpoint, monkeypatch):
     assert sum(len(x) for x in screened) < sum(made), (sum(len(x) for x in screened), sum(made))
 
 
+def _probing_run(llm, cfg, monkeypatch, slope: float):
+    """One engine over PROMPTS twice (one request at a time) on a chooser that never
+    chooses a draft itself (`_best` refuses all), its cost model past warm-up: per choice, whether
+    a probe ran and the picks; the shapes the refinement observed; the outputs."""
+    _install_cost(llm, cfg, slope=slope)
+    monkeypatch.setattr(BudgetChooser, "_best", lambda self, *a, **k: [])
+    observed, log = [], []
+    real_observe, choose = CostModel.observe, BudgetChooser.choose
+    monkeypatch.setattr(CostModel, "observe", lambda self, s, t: observed.append(s))  # the machine stays
+    monkeypatch.setattr(CostModel, "observe_host", lambda *a, **k: None)  # the one installed
+
+    def spy_choose(self, reqs, props, base):
+        out = choose(self, reqs, props, base)
+        log.append((self._probed, [list(r.draft_pick or []) for r in reqs if r.draft_pick is not None]))
+        return out
+    monkeypatch.setattr(BudgetChooser, "choose", spy_choose)
+    eng = llm.engine(cfg)
+    eng.budget.cost.observations = B.REFINE_WARM  # warm: only every REFINE_EVERY-th step is observed
+    outs = []
+    for i, (p, n) in enumerate(zip(PROMPTS * 2, MAX_NEW * 2)):
+        rid = eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i % len(PROMPTS)))
+        while eng.has_unfinished():
+            outs += [d.output for d in eng.step() if d.finished and d.request_id == rid]
+    monkeypatch.setattr(CostModel, "observe", real_observe)
+    return eng, outs, observed, log
+
+
+def test_a_refused_shape_is_probed_and_measured(checkpoint, monkeypatch):
+    """Where the chooser verifies no draft for EXPLORE_EVERY steps in a row, the next evaluated step
+    verifies one first-level draft (a probe) if that is predicted within EXPLORE_GAP of the best, and
+    the refinement observes that step even past warm-up (so a model that overprices drafts measures
+    them); no probe where a draft is predicted far worse. Tokens are vanilla's (float64)."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    A.reset_registry()
+    cfg = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["spiffy"]).split()[0]
+    want = [llm.generate([p], DecodeParams(rule="threshold", threshold=0.6, max_new_tokens=n, seed=i))[0]
+            for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))] * 2
+    eng, outs, observed, log = _probing_run(llm, cfg, monkeypatch, slope=0.06 / 8)  # drafts nearly free
+    assert [o.token_ids for o in outs] == [w.token_ids for w in want]
+    probes = [i for i, (probed, _) in enumerate(log) if probed]
+    assert len(probes) == eng.budget.probes >= 4, (len(log), probes)
+    for i, (probed, picks) in enumerate(log):  # drafts only at probes, one first-level draft each
+        assert sum(map(len, picks)) == (1 if probed else 0), (i, picks)
+    assert min(b - a for a, b in zip(probes, probes[1:])) > B.EXPLORE_EVERY
+    assert sum(o.stats.extra["drafts_verified"] for o in outs) == len(probes)
+    # every probe's step was observed (it holds the only verified drafts), not one in REFINE_EVERY
+    assert sum(1 for s in observed if s.drafts) == len(probes)
+    assert len(observed) < len(probes) + eng.budget._ticks / B.REFINE_EVERY + 1
+    got = _batched(llm, cfg, PROMPTS * 2, MAX_NEW * 2, stagger=3)  # in a batch: one request's draft
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert sum(g.stats.extra["drafts_verified"] for g in got) >= 1
+    eng, outs, observed, log = _probing_run(llm, cfg, monkeypatch, slope=10.0)  # a draft: 10x a step
+    assert [o.token_ids for o in outs] == [w.token_ids for w in want]
+    assert eng.budget.probes == 0 and not any(s.drafts for s in observed)
+    assert sum(o.stats.extra["drafts_verified"] for o in outs) == 0
+
+
 def test_refinement_samples_the_steps_once_warm(checkpoint):
     """Until the cost model has REFINE_WARM observations every predicted step refines it; after that
     one in REFINE_EVERY does (model and host terms alike), while every predicted step is still

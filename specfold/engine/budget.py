@@ -34,8 +34,11 @@ were chosen at its last choice skips this screen), and a request whose drafts we
 chosen skips drafting for 1, 3, 7, then 15 steps (reset when drafts are chosen again). After k
 steps in a row in which the screen passed no request that could draft, the next min(2^(k-1) - 1, 7)
 steps of the whole engine are not evaluated at all (no drafts, nothing predicted or observed), so
-that auto costs about what budget 0 costs where drafting does not pay. Host only: integers and
-floats, no tensor is read.
+that auto costs about what budget 0 costs where drafting does not pay. After EXPLORE_EVERY steps in
+a row that verified no draft, the next evaluated step probes: if nothing is chosen, it verifies one
+request's most valuable first-level draft, provided the predicted ratio is within EXPLORE_GAP of the
+best, and the refinement observes that step (`_probe`: the cost model measures the shape it
+refuses). Host only: integers and floats, no tensor is read.
 
 Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
 (`req.draft_budget`), and under "auto" they verify their configured branches.
@@ -58,6 +61,8 @@ BACKOFF_MAX = 4  # drafting skipped at most 2**4 - 1 steps after drafts that wer
 IDLE_BITS, IDLE_MAX = 4, 7  # engine-wide back-off: at most 7 steps skipped between two choices
 MARGIN = 0.03  # a draft's expected tokens are discounted by 3 %: a choice within noise verifies fewer
 TREE_SETS = 64  # one request's closed sets of drafts, after pruning, are evaluated exactly up to this many
+EXPLORE_EVERY, EXPLORE_GAP = 16, 0.1  # after 16 steps in a row that verified no draft, one draft is
+# verified if its predicted ratio is within 10 % of the best: the model measures the shape it refuses
 REFINE_WARM, REFINE_EVERY = 256, 4  # the cost model refines from every step until it has 256
 # observations, then from every 4th predicted step: a refinement costs 25-45 µs of host time after
 # a forward (cold caches), about 1 % of a batch-1 step on `tiny`, and every step would pay it
@@ -120,12 +125,15 @@ class BudgetChooser:
         self._idle = [0, 0]  # [steps left to skip, steps in a row the screen passed nobody]: `_idle_after`
         self._ticks = 0  # predicted steps seen by `observe` (every REFINE_EVERY-th refines, once warm)
         self._made = 0  # requests whose drafts this step's choice made and weighed (host work)
+        self._dry = 0  # steps in a row, since drafts were last verified, where a request could draft
+        self._probed = False  # this step verifies a probe (`_probe`): the refinement observes it
+        self.probes = 0
 
     # ------------------------------------------------------------------ the choice
     def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
         """Set `req.draft_pick` (block programs) or `req.draft_budget` (causal ones) for every request
         of this step; returns the predicted seconds of the step (auto only)."""
-        self._last, self._made = None, 0
+        self._last, self._made, self._probed = None, 0, False
         if not self.auto:
             for req, p in zip(reqs, props):
                 self._fixed(req, p)
@@ -133,8 +141,10 @@ class BudgetChooser:
         for req in reqs:
             req.draft_budget = None  # causal programs: their configured branches
         live = [(r, p) for r, p in zip(reqs, props) if p is not None]
+        offer = any(p.nodes for _, p in live)  # some request could draft
         if live and self._idle[0] > 0:  # the screen passed nobody in the last steps: `_idle_after`
             self._idle[0] -= 1
+            self._dry += offer
             material = True if self._idle[0] <= 1 else None  # the next choice's drafts are made from it
             for r, _ in live:
                 r.draft_pick, r.still_drafting = [], material
@@ -159,6 +169,12 @@ class BudgetChooser:
             if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
                 self._idle_after(bool(wanted))
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
+        probe = None  # a request whose drafts are made to measure a refused shape: `_probe`
+        if offer and self._dry >= EXPLORE_EVERY:
+            self._dry = 0
+            probe = next(k for k, (_, p) in enumerate(live) if p.nodes)
+            if probe not in wanted:
+                wanted = sorted(wanted + [probe])
         if wanted:  # their drafts are made and weighed now: host work whatever is then verified
             self._made = len(wanted)
             F0.made = float(len(wanted))
@@ -181,10 +197,22 @@ class BudgetChooser:
             r.still_drafting = None
         for k in wanted:  # drafts that were all worth nothing here (each completes the block) are no
             # sign that drafting does not pay: no back-off, and the next step's material is still read
+            if k == probe and not picks[k]:
+                continue  # a refusal the chooser itself sought: no back-off
             if picks[k] or any(v > 0 for v, _, _ in items[k]):
                 self._outcome(live[k][0], bool(picks[k]))
             else:
                 live[k][0].still_drafting = True
+        if probe is not None and not any(picks):
+            j = self._probe(F0, V0, T0, live[probe][1], items[probe])
+            if j is not None:
+                picks[probe], self._probed = [j], True
+                self.probes += 1
+        self._dry = 0 if any(picks) else self._dry + offer
+        if offer and self._dry >= EXPLORE_EVERY - 1:  # the next step may probe: its drafts' material
+            for k, (r, p) in enumerate(live):
+                if p.nodes and not picks[k]:
+                    r.still_drafting = True
         F = F0
         for k, (r, p) in enumerate(live):
             r.draft_pick = sorted(picks[k])
@@ -195,6 +223,24 @@ class BudgetChooser:
                                  d.fold_calls, 0, n))
         self._last = T0 if F is F0 else self.cost.predict(F, host=True)
         return self._last
+
+    def _probe(self, F0: Shape, V0: float, T0: float, p: Proposal, items: list[tuple]) -> int | None:
+        """The draft a probing step verifies where no draft was chosen: the most valuable of `p`'s
+        first-level drafts, if the step's predicted ratio with it is within EXPLORE_GAP of the ratio
+        without (else None). After EXPLORE_EVERY steps in a row that verified no draft, one step
+        measures the shape the chooser refuses: refinement only ever moves the parameters of the
+        shapes that run, so a cost model that overprices a draft (a calibration under load, or the
+        root-only rows refined down while the draft's stay as calibrated) would otherwise refuse
+        for ever. The gap bounds what a probe can lose: 10 % of one step in 16 at most."""
+        top = [j for j, (v, parent, _) in enumerate(items) if parent < 0 and v > 0]
+        if not top:
+            return None
+        j = max(top, key=lambda i: items[i][0])
+        d = self._delta(p)
+        if F0.rows + d.rows > self.max_rows:
+            return None
+        T = self.cost.predict(F0.plus(Shape(d.rows, d.attn, items[j][2], d.fold, d.fold_calls, 0, 1)), host=True)
+        return j if (V0 + items[j][0]) * T0 >= (1 - EXPLORE_GAP) * V0 * T else None
 
     def _idle_after(self, passed: bool) -> None:
         """After k steps in a row in which requests could draft and the pre-draft screen passed none
@@ -342,7 +388,7 @@ class BudgetChooser:
             return
         self._ticks += 1
         c = self.cost
-        if c.observations < REFINE_WARM or self._ticks % REFINE_EVERY == 0:
+        if c.observations < REFINE_WARM or self._ticks % REFINE_EVERY == 0 or self._probed:
             F = jobs_shape(jobs, self.folded, self.rho)
             F.made = float(self._made)
             self._shape, self._model_s = F, seconds
@@ -366,7 +412,7 @@ class BudgetChooser:
         """Engine-wide: the budgets chosen, predicted against measured step time, acceptance."""
         out = {"draft_budget": self.budget, "budgets": dict(sorted(self.chosen.items())), "steps_predicted": self.steps,
                "clock": "thread_cpu" if self.clock is time.thread_time else "wall",
-               "predicted_seconds": self.predicted, "measured_seconds": self.measured,
+               "probes": self.probes, "predicted_seconds": self.predicted, "measured_seconds": self.measured,
                "prediction_error": self.abs_err / self.measured if self.measured else None,
                "fold_ratio_running": self.rho if self.folded else None}
         if self.acceptance is not None:
