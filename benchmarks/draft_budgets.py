@@ -93,7 +93,9 @@ def run_on(llm: LLM, engine, prompts: list[str], sp) -> list:
     return engine.run_all([llm.encode(p, sp) for p in prompts], [sp] * len(prompts), prompts)
 
 
-def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> dict:
+def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> tuple[dict, dict]:
+    """Per configuration its units' records, and each auto configuration's chooser report at the end
+    of the cell (its cost model, acceptance estimates, probes: what it had learnt)."""
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
     engines = {name: llm.engine(p.split()[0]) for name, p in params.items()}
     sps = {name: p.split()[1] for name, p in params.items()}
@@ -124,7 +126,7 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
                                    "nfe": sum(o.stats.nfe for o in outs), "n": len(outs),
                                    "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets),
                                    "predicted": pred, "measured": meas})
-    return recs
+    return recs, {name: engines[name].budget.report() for name in params if name.endswith(" auto")}
 
 
 @contextlib.contextmanager
@@ -282,12 +284,12 @@ def main(argv=None) -> int:
                 cfg = configs(methods, budgets, rule, a.max_new_tokens)
                 if a.ab_last_layer:
                     cfg.update({k + FULL_LAST: v for k, v in list(cfg.items()) if k.startswith("specfold ")})
-                recs = run_cell(llm, prompts, batch, cfg, a.rounds)
+                recs, learnt = run_cell(llm, prompts, batch, cfg, a.rounds)
                 rows = summarize(recs)
                 key = f"{width} width, {rule} rule, batch {batch}"
                 load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-                results[key] = {"load": load, "seconds": time.perf_counter() - t0, "rows": rows, "units": {k: [{f: u[f] for f in ("chunk", "cpu", "wall", "tokens", "nfe")}
-                                                            for u in v] for k, v in recs.items()}}
+                results[key] = {"load": load, "seconds": time.perf_counter() - t0, "rows": rows, "units": {k: [{f: u[f] for f in ("chunk", "cpu", "wall", "tokens", "nfe", "budgets")}
+                                                            for u in v] for k, v in recs.items()}, "auto": learnt}
                 print(f"\n### {key} ({time.perf_counter() - t0:.0f} s, load average {load})\n\n{table(rows)}\n\n"
                       + "\n".join(f"- {v}" for v in verdicts(rows, methods)), flush=True)
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "?"

@@ -177,6 +177,7 @@ class _RefCost(CostModel):
             return
         if s.rows > 1.5 * self.grid[-1]:  # past the calibrated range: a measured point of f
             rest = self.c_attn * s.attn + self.c_head * s.head + ((self.fold0 + self.fold_row * s.fold) if s.fold_calls else 0)
+            self.seen = self.seen + [0.0] * (len(self.f) - len(self.seen)) + [1.0]
             self.grid.append(int(round(s.rows)))
             self.f.append(max(self.f[-1], seconds - rest))
             self.observations += 1
@@ -192,8 +193,13 @@ class _RefCost(CostModel):
         den = sum((x * sc) ** 2 for _, _, x, sc in vals)
         if den <= 0:
             return
+        seen = self.seen + [0.0] * (len(self.f) - len(self.seen))  # per point: observations' weights
         for n, k, x, sc in vals:
-            self._set(n, k, max(_FLOORS[n] if n == "f" else 0.0, self._get(n, k) + 0.15 * e * x * sc * sc / den))
+            eta = max(0.15, 0.5 / (1 + seen[k])) if n == "f" else 0.15  # a rarely seen point moves faster
+            self._set(n, k, max(_FLOORS[n] if n == "f" else 0.0, self._get(n, k) + eta * e * x * sc * sc / den))
+            if n == "f":
+                seen[k] += abs(x)
+        self.seen = seen
         for k in range(1, len(self.f)):  # more rows never cost less
             self.f[k] = max(self.f[k], self.f[k - 1])
         self.observations += 1
@@ -393,8 +399,8 @@ def test_cost_model_fast_paths_match_the_reference():
             sec = a.predict(s) * rng.uniform(0.3, 2.0)
             a.observe(s, sec)
             _RefCost.observe(b, s, sec)
-            assert (a.grid, a.f, a.c_attn, a.c_head, a.fold0, a.fold_row) == \
-                (b.grid, b.f, b.c_attn, b.c_head, b.fold0, b.fold_row)
+            assert (a.grid, a.f, a.c_attn, a.c_head, a.fold0, a.fold_row, a.seen) == \
+                (b.grid, b.f, b.c_attn, b.c_head, b.fold0, b.fold_row, b.seen)
 
 
 def test_host_refinement_matches_the_reference():

@@ -33,7 +33,11 @@ step until 256 observations, then one in 4, engine/budget.py) moves the paramete
 used by a normalised least-mean-squares step in relative terms, with residuals clipped and weighted
 as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tracks what a step
 costs this process, not the bursts of others sharing the machine; a step past the calibrated row
-range becomes a new grid point. The host terms are learnt the same way (`observe_host`) from each
+range becomes a new grid point. A point of f the steps have rarely reached moves faster, as a running
+mean whose first term is the calibration (`FIRST`): at 0.5B width one calibration, taken while the
+other core ran a sweep, put two windows' rows at 290 ms against 210-225 ms measured, and the point a
+draft adds, reached only when a draft is verified, took about ten of those steps to come down at the
+fixed step size, while the chooser refused the drafts it overpriced. The host terms are learnt the same way (`observe_host`) from each
 step's host time (the step's time less its model call), from zero, each term's scale at least a
 tenth of the step's host time (from the floors alone, a verified draft's host work, 0.13 ms a draft
 on `tiny` at batch 1, stayed at zero for ever, and the chooser saw drafts as free of host work).
@@ -67,6 +71,9 @@ import torch
 
 VERSION = 7  # 7: the cache holds the calibration only (refinements stay in the process)
 ETA = 0.15  # online step size (relative)
+FIRST = 0.5  # a point of f moves by at least FIRST / (1 + its observations so far) of a step's error:
+# the calibration counts as one observation, so a point the steps rarely reach (a draft's row count,
+# where the chooser seldom verifies one) leaves a calibration taken under load within a few steps
 CLIP = 0.5  # a step's residual is clipped to ±CLIP × its prediction (one slow step is noise)
 EXPECTILE = 0.3  # slower-than-predicted steps weigh 0.3, faster ones 0.7: on a shared machine noise
 # only ever adds time, so the model tracks the machine's own cost (a low expectile), not its neighbours'
@@ -133,6 +140,7 @@ class CostModel:
     fold_roots: bool = False  # root-only verifications cost less inside the folded call (measured)
     observations: int = 0
     host_observations: int = 0
+    seen: list[float] = field(default_factory=list)  # per point of f: its observations' weights (this process)
     key: dict = field(default_factory=dict)
     path: str | None = None
     calibration_seconds: float = 0.0
@@ -180,8 +188,10 @@ class CostModel:
             return
         if s.rows > GROW * self.grid[-1]:  # past the calibrated range: a measured point of f
             rest = self.c_attn * s.attn + self.c_head * s.head + ((self.fold0 + self.fold_row * s.fold) if s.fold_calls else 0)
+            self._seen_all()
             self.grid.append(int(round(s.rows)))
             self.f.append(max(self.f[-1], seconds - rest))
+            self.seen.append(1.0)
             self.observations += 1
             return
         pred = self.predict(s)
@@ -204,10 +214,13 @@ class CostModel:
         if den <= 0:
             return
         g = ETA * e
+        seen = self._seen_all()
         if x0:
-            f[i] = max(F_FLOOR, f[i] + g * x0 * s0 * s0 / den)
+            f[i] = max(F_FLOOR, f[i] + max(ETA, FIRST / (1 + seen[i])) * e * x0 * s0 * s0 / den)
+            seen[i] += abs(x0)
         if x1:
-            f[i + 1] = max(F_FLOOR, f[i + 1] + g * x1 * s1 * s1 / den)
+            f[i + 1] = max(F_FLOOR, f[i + 1] + max(ETA, FIRST / (1 + seen[i + 1])) * e * x1 * s1 * s1 / den)
+            seen[i + 1] += abs(x1)
         if xa:
             self.c_attn = max(0.0, self.c_attn + g * xa * sa * sa / den)
         if xh:
@@ -220,6 +233,12 @@ class CostModel:
             if f[k] < f[k - 1]:
                 f[k] = f[k - 1]
         self.observations += 1
+
+    def _seen_all(self) -> list[float]:
+        """`seen`, one weight per point of f (zeros for points it has not counted yet)."""
+        if len(self.seen) < len(self.f):
+            self.seen += [0.0] * (len(self.f) - len(self.seen))
+        return self.seen
 
     def observe_host(self, s: Shape, seconds: float) -> None:
         """Refine the host terms from a step's host seconds (its time less the model call)."""
@@ -254,6 +273,7 @@ class CostModel:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("path")
+        d.pop("seen")  # the process's own, as the refinements are
         d["version"] = VERSION
         return d
 
