@@ -35,11 +35,12 @@ as a low expectile (a slower step weighs 0.3, a faster one 0.7), so the model tr
 costs this process, not the bursts of others sharing the machine; a step past the calibrated row
 range becomes a new grid point. A point of f the steps have rarely reached moves faster, as a running
 mean whose first term is the calibration (`FIRST`): at 0.5B width one calibration, taken while the
-other core ran a sweep, put two windows' rows at 290 ms against 210-225 ms measured, and the point a
-draft adds, reached only when a draft is verified, took about ten of those steps to come down at the
-fixed step size, while the chooser refused the drafts it overpriced. The host terms are learnt the same way (`observe_host`) from each
-step's host time (the step's time less its model call), from zero, each term's scale at least a
-tenth of the step's host time (from the floors alone, a verified draft's host work, 0.13 ms a draft
+other core ran a sweep, put two windows' rows at 290 ms against 210-225 ms measured; at batch 1
+that point is reached only by a step with a draft (or a rare 32-row step), each moved it by about a
+fifth of its error at the fixed step size, and the chooser refused the drafts it overpriced in the
+meantime. The host terms are learnt the same way (`observe_host`) from each step's host time
+(the step's time less its model call), from zero, each term's scale at least a tenth of the step's
+host time (from the floors alone, a verified draft's host work, 0.13 ms a draft
 on `tiny` at batch 1, stayed at zero for ever, and the chooser saw drafts as free of host work).
 
 The refinements stay in the process: the cache file holds the calibration. One process's regime
