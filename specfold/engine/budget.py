@@ -166,7 +166,7 @@ class BudgetChooser:
             paid = {k for k, (r, p) in enumerate(live) if p.nodes and r.drafts_paid}
             wanted = sorted(paid) if len(paid) == len(live) else \
                 sorted(paid.union(self._worth_drafting(F0, live, parents, V0 / T0, skip=paid)))
-            if any(p.nodes for _, p in live):  # (a step where each is in its block's first step: no sign)
+            if offer:  # (a step where each is in its block's first step: no sign)
                 self._idle_after(bool(wanted))
         wanted = [k for k in wanted if not self._backing_off(live[k][0])]
         probe = None  # a request whose drafts are made to measure a refused shape: `_probe`

@@ -146,6 +146,9 @@ class CostModel:
     path: str | None = None
     calibration_seconds: float = 0.0
 
+    def __post_init__(self) -> None:
+        self.seen = list(self.seen) + [0.0] * (len(self.f) - len(self.seen))  # one weight per point of f
+
     # ------------------------------------------------------------------ prediction
     def _interp(self, rows: float) -> tuple[int, float]:
         """(segment i, weight of grid[i+1]) for `rows`: linear inside, extrapolated past the ends."""
@@ -189,7 +192,6 @@ class CostModel:
             return
         if s.rows > GROW * self.grid[-1]:  # past the calibrated range: a measured point of f
             rest = self.c_attn * s.attn + self.c_head * s.head + ((self.fold0 + self.fold_row * s.fold) if s.fold_calls else 0)
-            self._seen_all()
             self.grid.append(int(round(s.rows)))
             self.f.append(max(self.f[-1], seconds - rest))
             self.seen.append(1.0)
@@ -215,7 +217,7 @@ class CostModel:
         if den <= 0:
             return
         g = ETA * e
-        seen = self._seen_all()
+        seen = self.seen
         if x0:
             f[i] = max(F_FLOOR, f[i] + max(ETA, FIRST / (1 + seen[i])) * e * x0 * s0 * s0 / den)
             seen[i] += abs(x0)
@@ -234,12 +236,6 @@ class CostModel:
             if f[k] < f[k - 1]:
                 f[k] = f[k - 1]
         self.observations += 1
-
-    def _seen_all(self) -> list[float]:
-        """`seen`, one weight per point of f (zeros for points it has not counted yet)."""
-        if len(self.seen) < len(self.f):
-            self.seen += [0.0] * (len(self.f) - len(self.seen))
-        return self.seen
 
     def observe_host(self, s: Shape, seconds: float) -> None:
         """Refine the host terms from a step's host seconds (its time less the model call)."""
