@@ -385,6 +385,26 @@ def test_calibration_is_cached_and_keyed(tmp_path, monkeypatch):
     C.forget_models()
 
 
+def test_one_slow_call_does_not_set_the_attention_term():
+    """The attention term's short- and long-prefix forwards, timed from a known law (2e-7 s per unit
+    of work, 64 rows × 112 extra cached tokens), with noise that only adds time: one call of each
+    slowed by a neighbour (as on a shared core) leaves the term within 5 % of the law; the first
+    pair alone would have read it 9x too high."""
+    work, base, coef = 64 * 112, 0.4, 2e-7
+
+    def timed(extra: list[float], long: bool):
+        calls = iter(extra)
+        return lambda: base + (coef * work if long else 0.0) + next(calls, 0.0)
+
+    slow_long = [0.012, 0.0, 0.003]  # the long prefix's first call is 12 ms slow, its third 3 ms
+    slow_short = [0.0, 0.004, 0.0]  # and the short one's second 4 ms
+    got = C.attention_coefficient(timed(slow_short, False), timed(slow_long, True), work, passes=3)
+    assert abs(got - coef) <= 0.05 * coef, got
+    first_pair = C.attention_coefficient(timed(slow_short, False), timed(slow_long, True), work, passes=1)
+    assert first_pair > 8 * coef  # what one pair read (the code before)
+    assert C.attention_coefficient(lambda: 0.5, lambda: 0.4, work, passes=3) == 0.0  # never negative
+
+
 def test_online_refinement_converges_to_the_machine():
     """Steps timed from a known cost law (±3 % noise): the model, started far off, predicts it within 5 %."""
     def law(s: Shape) -> float:
