@@ -401,8 +401,8 @@ def attention_coefficient(short, long, work: float, passes: int) -> float:
 
 def calibrate(model, spec, verifier, window: int, max_rows: int, budget_s: float = 6.0) -> CostModel:
     """Measure this machine: forwards of 1, 2, 4, ... windows (while under `max_rows` and the time
-    budget), the attention term from two prefix lengths (`attention_coefficient`), the head per row, and the folded verifier's
-    own terms when it is one."""
+    budget), the attention term from two prefix lengths (`attention_coefficient`), the head per
+    row, and the folded verifier's own terms when it is one."""
     from specfold.decoding.readout import Read, read_rows
     from specfold.models.forward import Forward
     t_start = time.perf_counter()
