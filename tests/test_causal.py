@@ -39,6 +39,23 @@ def gen(llm: LLM, prompt: list[int], method: str, **kw):
                                                **kw))[0]
 
 
+@pytest.fixture(scope="module")
+def references(nld):
+    """`references(kind, prompt, method, **kw)`: `gen(nld(kind), prompt, method, **kw)`, decoded once per
+    module. Greedy float64 decoding of a fixed checkpoint is deterministic, and the parametrized tests
+    below meet the same decodes again and again (`ar` per kind and prompt, for every τ and branch
+    count; `linear_spec` per τ, for every branch count): each is decoded once, and every test still
+    asserts on it."""
+    done: dict = {}
+
+    def get(kind: str, prompt: list[int], method: str, **kw):
+        key = (kind, tuple(prompt), method, tuple(sorted(kw.items())))
+        if key not in done:
+            done[key] = gen(nld(kind), prompt, method, **kw)
+        return done[key]
+    return get
+
+
 def reference_ar(llm: LLM, prompt: list[int], max_new: int) -> tuple[list[int], str]:
     """Greedy causal decoding recomputing the whole sequence for every token (no cache)."""
     seq, stop = list(prompt), set(llm.spec.stop_token_ids)
@@ -55,10 +72,10 @@ def reference_ar(llm: LLM, prompt: list[int], max_new: int) -> tuple[list[int], 
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_ar_equals_cache_free_reference(nld, kind):
+def test_ar_equals_cache_free_reference(nld, references, kind):
     llm = nld(kind)
     for prompt in PROMPTS:
-        out = gen(llm, prompt, "ar")
+        out = references(kind, prompt, "ar")
         ref, finish = reference_ar(llm, prompt, MAX_NEW)
         assert out.token_ids == ref and out.finish_reason == finish
         assert len(out.token_ids) == MAX_NEW and MASK not in out.token_ids
@@ -88,11 +105,10 @@ def rounds_with_inner_token(out) -> list[int]:
 
 @pytest.mark.parametrize("tau", [0.0, 0.5, 0.9])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_linear_spec_equals_ar(nld, kind, tau):
-    llm = nld(kind)
+def test_linear_spec_equals_ar(references, kind, tau):
     for prompt in PROMPTS:
-        ar = gen(llm, prompt, "ar")
-        out = gen(llm, prompt, "linear_spec", threshold=tau)
+        ar = references(kind, prompt, "ar")
+        out = references(kind, prompt, "linear_spec", threshold=tau)
         assert out.token_ids == ar.token_ids and out.finish_reason == ar.finish_reason
         ex = out.stats.extra
         assert out.stats.nfe == 1 + ex["draft_forwards"] + ex["verify_forwards"]
@@ -120,13 +136,13 @@ def test_stop_token_inside_a_round(nld, method):
 
 @pytest.mark.parametrize("tau", [0.0, 0.5, 0.9])
 @pytest.mark.parametrize("branches", [2, 4, 7])
-def test_multi_branch_equals_ar_never_more_forwards(nld, tau, branches):
+def test_multi_branch_equals_ar_never_more_forwards(nld, references, tau, branches):
     wins = 0
     for kind in ("drafting", "ar_head"):
         llm = nld(kind)
         for prompt in PROMPTS:
-            ar = gen(llm, prompt, "ar")
-            one = gen(llm, prompt, "linear_spec", threshold=tau)
+            ar = references(kind, prompt, "ar")
+            one = references(kind, prompt, "linear_spec", threshold=tau)
             multi = gen(llm, prompt, "linear_spec_multi", threshold=tau, branches=branches)
             assert multi.token_ids == ar.token_ids
             assert multi.stats.nfe <= one.stats.nfe

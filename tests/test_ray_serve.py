@@ -109,6 +109,94 @@ def is_error_body(b) -> bool:
     return isinstance(b, dict) and set(b) == {"error"} and set(b["error"]) == ERROR_FIELDS
 
 
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url + "/v1/models", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    """The single-process server (one engine, no Ray) with the CLI server's settings."""
+    from specfold import LLM
+    from specfold.engine.engine import Engine
+    from specfold.params import EngineConfig
+    from specfold.serve.app import ServeConfig, create_app
+    llm = LLM("tiny")
+    with LiveServer(create_app(llm, Engine(llm, EngineConfig()), ServeConfig(model_name="tiny", max_tokens=64))) as s:
+        yield s.url
+
+
+# ---------------------------------------------------------------------------------- a cluster of its own
+# First in the module: while it runs, this process's cluster is up with Serve started (a CLI that wrongly
+# joined it would be seen), but none of the module's other replicas (the CLI's and the Python API's, kept
+# until the module ends) compete with the new cluster for the CPU.
+def _listener(port: int) -> str | None:
+    """The command line of the process listening on TCP `port` on this machine (from /proc)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for r in rows:
+            f = r.split()
+            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening process from /proc")
+def test_cli_on_its_own_cluster_serves_from_the_ingress_replica(single_process):
+    """Without --ray-address the CLI starts a cluster of its own (never the one this process runs), and
+    the ingress replica itself listens on --port (direct ingress: no hop through Serve's proxy). Its
+    answers are the single-process server's, and Ctrl-C stops it in seconds (no 30 s drain)."""
+    from tests.ray_helpers import free_port
+    serve_url()  # this process's cluster, with Serve, is up: the CLI must not join it
+    port = free_port()
+    cmd = [sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--replicas", "1", "--replica-cpus", "1",
+           "--port", str(port), "--max-new-tokens", "64", "--log-level", "warning"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_ADDRESS"))}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: proc.poll() is not None or (_up(url) and len(running_replicas(url)) == 1),
+                   "the CLI's own cluster and replica", limit=240, every=0.5)
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        listener = _listener(port)
+        assert listener is not None and "SpecfoldIngress" in listener, listener
+        got = asyncio.run(load(url, 8, timeout=300))
+        want = asyncio.run(load(single_process, 8, timeout=300))
+        assert [g[0] for g in got] == [200] * 8, [g for g in got if g[0] != 200][:3]
+        assert [g[1] for g in got] == [w[1] for w in want]  # streams (body 1, 5) included
+        assert health(url)["replicas"][0]["node_id"] != ray_node_id()
+    finally:
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
+    assert time.monotonic() - t < 25, f"Ctrl-C took {time.monotonic() - t:.0f} s"
+    assert _listener(port) is None
+
+
+def ray_node_id() -> str:
+    import ray
+    ray_cluster()
+    return ray.get_runtime_context().get_node_id()
+
+
 # ---------------------------------------------------------------------------------- the CLI
 @pytest.fixture(scope="module")
 def cli_server():
@@ -145,25 +233,6 @@ def cli_server():
         reader.join(10)
     text = "".join(err)
     assert proc.returncode == 130 and text.strip().endswith("interrupted"), text[-2000:]
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/v1/models", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def single_process():
-    """The single-process server (one engine, no Ray) with the CLI server's settings."""
-    from specfold import LLM
-    from specfold.engine.engine import Engine
-    from specfold.params import EngineConfig
-    from specfold.serve.app import ServeConfig, create_app
-    llm = LLM("tiny")
-    with LiveServer(create_app(llm, Engine(llm, EngineConfig()), ServeConfig(model_name="tiny", max_tokens=64))) as s:
-        yield s.url
 
 
 def test_cli_replicas_answer_like_the_single_process_server(cli_server, single_process):
@@ -367,68 +436,3 @@ def test_logprobs_through_the_ingress(narrow):
         events = [json.loads(x[6:]) for x in s.iter_lines() if x.startswith("data: {")]
     parts = [ch["logprobs"] for e in events for ch in e["choices"] if ch["logprobs"]]
     assert parts and [x for p in parts for x in p["token_logprobs"]] == chosen
-
-
-# ---------------------------------------------------------------------------------- a cluster of its own
-def _listener(port: int) -> str | None:
-    """The command line of the process listening on TCP `port` on this machine (from /proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            rows = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for r in rows:
-            f = r.split()
-            if int(f[1].rsplit(":", 1)[1], 16) == port and f[3] == "0A":  # 0A: LISTEN
-                inodes.add(f"socket:[{f[9]}]")
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-        except OSError:
-            continue
-    return None
-
-
-@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads the listening process from /proc")
-def test_cli_on_its_own_cluster_serves_from_the_ingress_replica(single_process):
-    """Without --ray-address the CLI starts a cluster of its own (never the one this process runs), and
-    the ingress replica itself listens on --port (direct ingress: no hop through Serve's proxy). Its
-    answers are the single-process server's, and Ctrl-C stops it in seconds (no 30 s drain)."""
-    from tests.ray_helpers import free_port
-    port = free_port()
-    cmd = [sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--replicas", "1", "--replica-cpus", "1",
-           "--port", str(port), "--max-new-tokens", "64", "--log-level", "warning"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_SERVE_", "RAY_ADDRESS"))}
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: proc.poll() is not None or (_up(url) and len(running_replicas(url)) == 1),
-                   "the CLI's own cluster and replica", limit=240, every=0.5)
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        listener = _listener(port)
-        assert listener is not None and "SpecfoldIngress" in listener, listener
-        got = asyncio.run(load(url, 8, timeout=300))
-        want = asyncio.run(load(single_process, 8, timeout=300))
-        assert [g[0] for g in got] == [200] * 8, [g for g in got if g[0] != 200][:3]
-        assert [g[1] for g in got] == [w[1] for w in want]  # streams (body 1, 5) included
-        assert health(url)["replicas"][0]["node_id"] != ray_node_id()
-    finally:
-        t = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 130 and err.strip().endswith("interrupted"), err[-2000:]
-    assert time.monotonic() - t < 25, f"Ctrl-C took {time.monotonic() - t:.0f} s"
-    assert _listener(port) is None
-
-
-def ray_node_id() -> str:
-    import ray
-    ray_cluster()
-    return ray.get_runtime_context().get_node_id()

@@ -91,7 +91,12 @@ def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(check
 
 
 def test_tiny_accuracy_at_delta_0_1_within_one_point():
-    """On the tiny model's held-out problems SpecFold at δ = 0.1 keeps vanilla's accuracy (±1 point)."""
+    """On the tiny model's held-out problems SpecFold at δ = 0.1 keeps vanilla's accuracy (±1 point).
+
+    The first 50 problems (not 100: the two batched decodes were the suite's slowest in-process test):
+    on 50 a point is less than one problem, so the two accuracies must be equal, a bound no looser
+    than ±1 point on 100 (where they differed by one problem, 92 and 93). SpecFold's text differs
+    from vanilla's on some of the 50 (3 when this was written), so the comparison is not vacuous."""
     import json
     from pathlib import Path
 
@@ -100,7 +105,7 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
         path = tiny_path()
     except Exception:
         pytest.skip("no shipped tiny model")
-    rows = [json.loads(x) for x in (Path(path) / "heldout.jsonl").read_text().splitlines()[:100]]
+    rows = [json.loads(x) for x in (Path(path) / "heldout.jsonl").read_text().splitlines()[:50]]
     llm = LLM("tiny")
     qs = [r["question"] for r in rows]
 

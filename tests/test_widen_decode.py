@@ -32,13 +32,20 @@ def _expected_per_layer(src_layers: list[float], layer_source: list[int | None])
     return out
 
 
-def _compare(src: LLM, wide: LLM, prompts, base: dict, methods=METHODS) -> bool:
-    """Asserts equal tokens, NFE and per-layer fold ratios; returns whether any row folded."""
+def _compare(src: LLM, wide: LLM, prompts, base: dict, methods=METHODS, src_outputs: dict | None = None) -> bool:
+    """Asserts equal tokens, NFE and per-layer fold ratios; returns whether any row folded.
+    `src_outputs` (a dict): the source's outputs, kept by method name (decoded once for every widened copy)."""
     layer_source = json.loads((wide.path / "config.json").read_text())["widened_from"]["layers"]
     folded_somewhere = False
     for name, kw in methods.items():
         params = DecodeParams(**base, **kw, draft_budget=64)  # the same drafts on both (auto may differ by cost)
-        for a, b in zip(src.generate(prompts, params), wide.generate(prompts, params)):
+        if src_outputs is None:
+            src_out = src.generate(prompts, params)
+        else:
+            if name not in src_outputs:
+                src_outputs[name] = src.generate(prompts, params)
+            src_out = src_outputs[name]
+        for a, b in zip(src_out, wide.generate(prompts, params)):
             assert b.token_ids == a.token_ids, name
             assert b.stats.nfe == a.stats.nfe, name
             if "fold_ratio_per_layer" in a.stats.extra:
@@ -48,15 +55,24 @@ def _compare(src: LLM, wide: LLM, prompts, base: dict, methods=METHODS) -> bool:
     return folded_somewhere
 
 
+@pytest.fixture(scope="module")
+def source_outputs():
+    """(kind, rule) -> {method: the source checkpoint's outputs}: greedy float64 decoding is
+    deterministic, so the source is decoded once and compared with each of its widened copies (2 and
+    5 layers) instead of once per copy."""
+    return {}
+
+
 @pytest.mark.parametrize("layers", [2, 5])
 @pytest.mark.parametrize("rule", list(RULES))
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
-def test_every_method_decodes_like_the_source(checkpoint, tmp_path, kind, rule, layers):
+def test_every_method_decodes_like_the_source(checkpoint, source_outputs, tmp_path, kind, rule, layers):
     src_dir = checkpoint(kind, peaked=30.0, block_size=8, sub_block_size=4)
     out = widen_checkpoint(src_dir, tmp_path / "w", Shape(48, 80, 8, 2, layers), seed=1, dtype="float64",
                            progress=False)
     src, wide = LLM(src_dir, dtype="float64"), LLM(out, dtype="float64")
-    assert _compare(src, wide, PROMPTS, dict(max_new_tokens=24, early_stop=False, **RULES[rule]))
+    assert _compare(src, wide, PROMPTS, dict(max_new_tokens=24, early_stop=False, **RULES[rule]),
+                    src_outputs=source_outputs.setdefault((kind, rule), {}))
 
 
 def test_widened_tiny_decodes_held_out_problems_like_tiny(tmp_path):
