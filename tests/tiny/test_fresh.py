@@ -3,7 +3,9 @@ question text from every split the shipped model and its graphs were made from, 
 train.py and tiny/graphs.py draw them (not through `excluded()`)."""
 from __future__ import annotations
 
+import multiprocessing
 import random
+from concurrent.futures import ProcessPoolExecutor
 
 from specfold.eval.tasks import get_task
 from specfold.tiny import choices as C
@@ -30,10 +32,15 @@ def _splits_as_drawn() -> dict[str, set[str]]:
 
 
 def test_fresh_problems_are_disjoint_from_every_split_and_deterministic():
-    problems = F.fresh(0, 300)
+    # The replay and `excluded()` (built by the first `fresh`) are independent pure-Python draws of
+    # ~20 s each: the replay runs in a fresh interpreter (spawn: no state shared with this process)
+    # on another core meanwhile, the same computation as in this process.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        drawn = pool.submit(_splits_as_drawn)
+        problems = F.fresh(0, 300)
+        splits = drawn.result()
     qs = [p["question"] for p in problems]
     assert len(set(qs)) == 300
-    splits = _splits_as_drawn()
     assert len(splits["held-out"]) == 500 and len(splits["training"]) > 204000
     for name, split in splits.items():
         assert not split & set(qs), name
