@@ -36,16 +36,13 @@ def _compare(src: LLM, wide: LLM, prompts, base: dict, methods=METHODS, src_outp
     """Asserts equal tokens, NFE and per-layer fold ratios; returns whether any row folded.
     `src_outputs` (a dict): the source's outputs, kept by method name (decoded once for every widened copy)."""
     layer_source = json.loads((wide.path / "config.json").read_text())["widened_from"]["layers"]
+    src_outputs = {} if src_outputs is None else src_outputs
     folded_somewhere = False
     for name, kw in methods.items():
         params = DecodeParams(**base, **kw, draft_budget=64)  # the same drafts on both (auto may differ by cost)
-        if src_outputs is None:
-            src_out = src.generate(prompts, params)
-        else:
-            if name not in src_outputs:
-                src_outputs[name] = src.generate(prompts, params)
-            src_out = src_outputs[name]
-        for a, b in zip(src_out, wide.generate(prompts, params)):
+        if name not in src_outputs:
+            src_outputs[name] = src.generate(prompts, params)
+        for a, b in zip(src_outputs[name], wide.generate(prompts, params)):
             assert b.token_ids == a.token_ids, name
             assert b.stats.nfe == a.stats.nfe, name
             if "fold_ratio_per_layer" in a.stats.extra:
