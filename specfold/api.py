@@ -29,6 +29,7 @@ with warnings.catch_warnings():  # the core install has no numpy, which specfold
 from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.engine.engine import Engine
+from specfold.engine.mirror import Leader
 from specfold.errors import CheckpointError, ParamsError
 from specfold.models.loader import load_model, tiny_path  # noqa: F401 (tiny_path: re-exported)
 from specfold.models.tokenizer import Tokenizer
@@ -69,9 +70,13 @@ def _device(device: str | torch.device) -> torch.device:
 class LLM:
     def __init__(self, model: str | os.PathLike = "tiny", dtype: str | torch.dtype = "float32",
                  device: str = "cpu", overrides: dict | None = None, config: EngineConfig | None = None,
-                 **engine_kw):
+                 tensor_parallel_size: int = 1, enable_expert_parallel: bool = False,
+                 distributed_executor_backend: str = "mp", **engine_kw):
         """`config` (or EngineConfig fields as keywords) is the engine `generate(..., SamplingParams)`
-        and `engine()` use."""
+        and `engine()` use. `tensor_parallel_size` > 1 splits the model over that many ranks
+        (processes: `distributed_executor_backend` "mp" local ones, "ray" Ray actors; one GPU each on
+        CUDA, a share of the CPU threads each on the CPU); `enable_expert_parallel` gives each rank
+        whole experts instead of a slice of every expert (vLLM's names)."""
         path = tiny_path() if str(model) == "tiny" else Path(model)
         if not path.is_dir():
             raise CheckpointError(f"checkpoint folder {str(path)!r} does not exist (expected a local "
@@ -79,8 +84,18 @@ class LLM:
         self.path = path
         device = _device(device)
         self.tokenizer = Tokenizer.load(path)
-        self.model, self.spec, self.config = load_model(
-            path, _dtype(dtype), device, overrides, self.tokenizer.vocab if self.tokenizer else None)
+        vocab = self.tokenizer.vocab if self.tokenizer else None
+        self.ranks = self.leader = None  # tensor parallelism: the other ranks, and their mirror (engine/mirror.py)
+        if tensor_parallel_size != 1 or enable_expert_parallel:
+            from specfold.executor import LoadArgs, start_ranks
+            threads = max(1, torch.get_num_threads() // max(1, tensor_parallel_size))
+            args = LoadArgs(str(path), _dtype(dtype), device.type, overrides, vocab, threads)
+            self.ranks = start_ranks(args, tensor_parallel_size, bool(enable_expert_parallel),
+                                     distributed_executor_backend)
+            self.model, self.spec, self.config = self.ranks.model, self.ranks.spec, self.ranks.config
+            self.leader = Leader(self.ranks.par.control)
+        else:
+            self.model, self.spec, self.config = load_model(path, _dtype(dtype), device, overrides, vocab)
         if config is not None and engine_kw:
             raise ParamsError("pass either config=EngineConfig(...) or engine fields as keywords, not both")
         if config is None:
@@ -93,6 +108,17 @@ class LLM:
         self.engine_config = config
         self._engine: Engine | None = None
         self._engines: OrderedDict[tuple, Engine] = OrderedDict()  # generate()'s DecodeParams engines
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (also done at exit); one rank: nothing to do."""
+        if self.ranks is not None:
+            self.ranks.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ prompts
     def encode(self, prompt: Prompt, params: SamplingParams | DecodeParams) -> list[int]:

@@ -20,3 +20,8 @@ class ParamsError(SpecfoldError):
 
 class EngineFull(SpecfoldError):
     """The engine runs and queues as many requests as it may; retry later (the server answers 429)."""
+
+
+class DistributedError(SpecfoldError):
+    """A tensor-parallel rank died or a collective timed out: the request set is ended (the server
+    answers 503 and /health says what failed)."""

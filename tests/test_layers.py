@@ -11,7 +11,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "specfold"
 # lowest first; a room may import only rooms before it (and itself)
-ORDER = ["errors", "outputs", "params", "text", "extras", "interrupts", "models", "kernels", "decoding", "engine",
+ORDER = ["errors", "outputs", "params", "text", "extras", "interrupts", "models", "kernels", "decoding", "engine", "executor",
          "api", "args", "tiny", "serve", "eval", "ray", "calibrate_cli", "widen_cli", "cli", "__main__", "__init__"]
 
 

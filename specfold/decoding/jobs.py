@@ -13,8 +13,8 @@ window; ("block", n, origin) = block-causal in blocks of n counted from absolute
 ("causal",) = causal; ("pending", a) = `a` pending rows causal among themselves, the rest sees all.
 
 A `kind="reuse"` job runs no forward: it writes a window's K/V from hidden states an earlier
-verification returned (`hidden`, device tensors, eager commits) and, when `read` is set, runs the
-head on the window's last row.
+verification returned (`hidden`: `HiddenRows`, one branch's rows of a `JobResult.hidden`, eager
+commits) and, when `read` is set, runs the head on the window's last row.
 """
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ from dataclasses import dataclass, field
 
 from specfold.decoding.readout import Read, Row
 from specfold.models.cache import PrefixCache
+
+
+@dataclass(slots=True)
+class HiddenRows:
+    """Rows [start, stop) of branch `branch` of the hidden states a verification returned (`source`:
+    its `JobResult.hidden`, device tensors [B, T, d] per layer + the final one); `rows()` slices them
+    on the device. Host data says which rows, so another rank can slice its own copy."""
+    source: list
+    branch: int
+    start: int
+    stop: int
+
+    def rows(self) -> list:
+        return [h[self.branch, self.start: self.stop] for h in self.source]
 
 
 @dataclass(slots=True)
@@ -38,7 +52,7 @@ class Job:
     return_hidden: bool = False
     kind: str = "verify"  # "prefill" | "verify" | "commit" | "draft" | "decode" | "reuse"
     read: Read | None = None  # what to read at every (branch, logits_at) row, b-major (or every rows_at row)
-    hidden: list | None = None  # reuse jobs: per-layer hidden states [T, d] to write K/V from
+    hidden: HiddenRows | None = None  # reuse jobs: the hidden states to write K/V from
 
     @property
     def rows(self) -> int:

@@ -16,6 +16,8 @@ match is on host lists; the hidden states stay on the device.
 """
 from __future__ import annotations
 
+from specfold.decoding.jobs import HiddenRows
+
 
 class PlainWindows:
     wants_hidden = False
@@ -63,4 +65,4 @@ class EagerWindows(PlainWindows):
         b = next((i for i, t in enumerate(toks) if t[: off + n] == target), None)
         if b is None:
             return None
-        return [h[b, off: off + n] for h in hidden]
+        return HiddenRows(hidden, b, off, off + n)

@@ -97,7 +97,9 @@ def jobs_shape(jobs: list[Job], folded: bool, rho: float) -> Shape:
 
 
 class BudgetChooser:
-    def __init__(self, config, model, spec, program):
+    def __init__(self, config, model, spec, program, verifier=None):
+        """`model`, `verifier`: what the cost model calibrates on (default the program's verifier;
+        under tensor parallelism engine/mirror.py's mirrored pair)."""
         self.budget = config.draft_budget
         self.auto = self.budget == "auto"
         self.model, self.spec, self.program = model, spec, program
@@ -111,7 +113,7 @@ class BudgetChooser:
         if self.auto and self.acceptance is not None:  # start-up calibration (or the cached one)
             W = config.block_size or 16
             nodes = len(self.parents or [0] * 8)
-            self.cost = cost_model_for(model, spec, program.verifier, W,
+            self.cost = cost_model_for(model, spec, verifier or program.verifier, W,
                                        min(self.max_rows, self.max_seqs * (1 + nodes) * W))
         self.rho = RHO_START
         self.chosen = Counter()  # drafts verified per verification -> count (this engine)

@@ -316,7 +316,13 @@ def cost_key(model, spec, verifier, window: int) -> dict:
             "layers": spec.num_layers, "heads": spec.num_heads, "kv_heads": spec.num_kv_heads,
             "vocab": spec.vocab_size, "device": f"{dev.type}:{name}", "dtype": str(model.dtype),
             "threads": torch.get_num_threads(), "verifier": _verifier_name(verifier), "window": int(window),
-            "torch": torch.__version__}
+            "torch": torch.__version__} | _ranks(model)
+
+
+def _ranks(model) -> dict:
+    """A tensor-parallel shard's calibration is its own (one rank: the key as before)."""
+    par = getattr(model, "par", None)
+    return {} if par is None or par.size == 1 else {"ranks": par.size, "expert_parallel": par.expert_parallel}
 
 
 def _verifier_name(verifier) -> str:

@@ -39,6 +39,7 @@ from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
 from specfold.engine.budget import BudgetChooser
 from specfold.engine.graphs import check_pool_fits, static_parts
+from specfold.engine.mirror import MirroredModel, MirroredRunner
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
 from specfold.engine.scheduler import Scheduler
@@ -79,8 +80,14 @@ class Engine:
         self.pool, static = static_parts(self.model, self.config)
         self.new_cache = self.pool.new_cache if self.pool is not None else self.model.new_cache
         self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id, static)
+        leader = getattr(llm, "leader", None)  # tensor parallelism: the other ranks replay the runner
+        timed = (self.model, None)
+        if leader is not None:
+            self.runner = MirroredRunner(leader, self.runner, self.config, self.pool)
+            mm = MirroredModel(leader, self.runner.key, self.model, self.program.verifier)
+            timed = (mm, mm.verifier)
         self.scheduler = Scheduler(self.config)
-        self.budget = BudgetChooser(self.config, self.model, self.spec, self.program)
+        self.budget = BudgetChooser(self.config, timed[0], self.spec, self.program, verifier=timed[1])
         self.runner.fold_roots = self.budget.cost is not None and self.budget.cost.fold_roots
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []

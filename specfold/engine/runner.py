@@ -37,6 +37,7 @@ class ModelRunner:
         self.device = model.device
         self.static = static  # static-shape buckets / CUDA graphs (engine/graphs.py), when on
         self.fold_roots = False  # root-only verifications join a step's folded call (cost.py measures it)
+        self.reads = True  # False on tensor-parallel ranks other than 0 (engine/mirror.py): rank 0 reads
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
         if not jobs:
@@ -57,7 +58,7 @@ class ModelRunner:
                 logits[i] = lg
         if groups:
             self.static.commit(jobs, groups)
-        rows = self._read(jobs, logits)
+        rows = self._read(jobs, logits) if self.reads else [[] for _ in jobs]
         return [JobResult(rows[i], r.hidden if r is not None else None, r.stats if r is not None else None)
                 for i, r in enumerate(results)]
 
@@ -124,7 +125,7 @@ class ModelRunner:
 
     def _reuse(self, job: Job) -> torch.Tensor | None:
         """An eager commit: K/V from the kept hidden states; the head on the last row when read."""
-        *layers, final = job.hidden
+        *layers, final = job.hidden.rows()
         self.model.write_kv(job.cache, layers, torch.arange(job.start, job.start + job.width, device=self.device))
         return self.model.head(final[-1:], job.head)[None] if job.read is not None else None
 

@@ -25,6 +25,8 @@ class LayerWeights:
     ``eps`` is used for every RMSNorm of the layer. A mixture-of-experts layer (LLaDA2) has no
     w_gate/w_up/w_down: ``moe`` is its position-wise FFN module (routed + shared experts) applied to
     the post-attention-normed rows, ``moe(rms_norm(x, post_norm_w, eps)) -> [R, d]``.
+    ``reduce``: under tensor parallelism (models/parallel.py) the weights are one rank's shard, and
+    the o_proj and FFN outputs are partial sums that ``reduce`` adds up over the ranks; None: one rank.
     """
 
     input_norm_w: Tensor
@@ -44,6 +46,7 @@ class LayerWeights:
     w_down: Tensor | None
     head_dim: int
     moe: Any = None
+    reduce: Any = None
     _fused: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,7 +133,12 @@ class LayerWeights:
             q_norm_w=norm_w(getattr(layer, "q_norm", None)), k_norm_w=norm_w(getattr(layer, "k_norm", None)),
             wo=layer.o_proj.weight, post_norm_w=layer.post_norm.weight,
             w_gate=ffn[0], w_up=ffn[1], w_down=ffn[2], head_dim=head_dim, moe=moe,
+            reduce=getattr(layer, "tp_reduce", None),
         )
+
+    def summed(self, y: Tensor) -> Tensor:
+        """A partial o_proj or FFN output summed over the ranks (as it is on one rank)."""
+        return y if self.reduce is None else self.reduce(y)
 
 
 @dataclass(slots=True)

@@ -220,21 +220,21 @@ def packed_fold_layer(
     if qkv is None:
         qkv = plan.select(plan.gate(X, delta))
     attn = _attention(X, plan, w, prefixes, scale, be, qkv)
-    X_mid = torch.addmm(X, attn, w.wo.t())
+    X_mid = torch.addmm(X, attn, w.wo.t()) if w.reduce is None else X + w.reduce(attn @ w.wo.t())
     ffn = plan.select(plan.gate(X_mid, delta)) if ffn_gate else qkv
     if need is not None and need.numel() == 0:
         X_out = X_mid
     elif need is not None:
         if ffn.complete:
-            out = _ffn_all(X_mid.index_select(0, need), w)
+            out = w.summed(_ffn_all(X_mid.index_select(0, need), w))
         else:  # each needed row's FFN source, computed once however many needed rows share it
             src, inv = torch.unique(ffn.kv_row.index_select(0, need), return_inverse=True)
-            out = be.packed_ffn(X_mid[None], ffn.rows.index_select(0, src), w).index_select(0, inv)
+            out = w.summed(be.packed_ffn(X_mid[None], ffn.rows.index_select(0, src), w)).index_select(0, inv)
         X_out = X_mid.index_copy_(0, need, X_mid.index_select(0, need) + out)
     elif ffn.complete:
-        X_out = X_mid + _ffn_all(X_mid, w)
+        X_out = X_mid + w.summed(_ffn_all(X_mid, w))
     else:
-        X_out = X_mid + be.packed_ffn(X_mid[None], ffn.rows, w).index_select(0, ffn.kv_row)
+        X_out = X_mid + w.summed(be.packed_ffn(X_mid[None], ffn.rows, w)).index_select(0, ffn.kv_row)
     stats = [LayerFoldStats(s.size - r, s.size - s.N, r, s.size - r2)
              for s, r, r2 in zip(plan.segments, qkv.per_segment(), ffn.per_segment())]
     return X_out, stats, (ffn if ffn_gate else None)

@@ -75,6 +75,13 @@ _TOP = {"model.word_embeddings.weight": "embed.weight", "model.norm.weight": "no
         "lm_head.weight": "lm_head.weight"}
 
 
+def reads_whole(name: str) -> bool:
+    """Whether `tensors` needs checkpoint tensor `name` whole (the fused q/k/v and the q/k norms are
+    split or permuted); every other tensor maps by its name alone (`tensors(name, None, spec)`)."""
+    return bool(re.fullmatch(r"model\.layers\.\d+\.attention\.(query_key_value\.(weight|bias)|"
+                             r"(query|key)_layernorm\.weight)", name))
+
+
 def tensors(name: str, t, spec) -> list[tuple[str, Any]]:
     """Checkpoint tensor -> [(canonical name, tensor)] ([] = not a model weight). A name ending in
     `[e]` is slot e of a stacked expert parameter."""

@@ -2,10 +2,14 @@
 
 Weight names are mapped from each family's layout to specfold's canonical names (`embed`,
 `layers.{i}.q_proj`, ..., `norm`, `lm_head`; LLaDA2's fused q/k/v and per-expert tensors through
-models/llada2.py, an expert's tensor filling slot e of a stacked `layers.{i}.moe.w_*`). Invariants:
+models/llada2.py; Qwen3-MoE's `mlp.gate` router and `mlp.experts.E.*_proj` by `canonical_name`;
+an expert's tensor filling slot e of a stacked `layers.{i}.moe.w_*`). Invariants:
 every parameter (every expert slot) of the model must be found (else CheckpointError naming the
 missing ones); shapes must match; tensors are read one at a time straight into the model's dtype
-and device.
+and device. Under tensor/expert parallelism (`par`, models/parallel.py) each tensor is read as the
+slice this rank holds (`safe_open(...).get_slice`), and an expert another rank holds is not read at
+all: no rank materialises the full model (LLaDA2's fused q/k/v of one layer, and its q/k norms, are
+read whole and split, one layer's tensor at a time).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import torch
 from safetensors import safe_open
 
 from specfold.errors import CheckpointError
+from specfold.models.parallel import ONE, Parallel, check_divisible, expert_slot_split, shard
 from specfold.models.spec import ModelSpec, resolve_spec
 from specfold.models.transformer import Transformer, make_rope
 
@@ -50,6 +55,12 @@ def canonical_name(name: str, layout: str) -> str | None:
     m = re.fullmatch(rf"{root}\.layers\.(\d+)\.([\w.]+)\.(weight|bias)", name)
     if m and m.group(2) in _LAYER_PARTS:
         return f"layers.{m.group(1)}.{_LAYER_PARTS[m.group(2)]}.{m.group(3)}"
+    if m and m.group(3) == "weight":  # Qwen3-MoE (SDAR-MoE): the router, one expert's slot e
+        if m.group(2) == "mlp.gate":
+            return f"layers.{m.group(1)}.moe.router"
+        e = re.fullmatch(r"mlp\.experts\.(\d+)\.(gate|up|down)_proj", m.group(2))
+        if e:
+            return f"layers.{m.group(1)}.moe.w_{e.group(2)}[{e.group(1)}]"
     table = {f"{root}.embed_tokens.weight": "embed.weight", f"{root}.norm.weight": "norm.weight"}
     if layout == "nemotron":
         table.update({"diffusion_head.weight": "lm_head.weight", "lm_head.weight": "ar_head.weight"})
@@ -114,14 +125,16 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.device,
-               overrides: dict | None = None, vocab: dict[str, int] | None = None
+               overrides: dict | None = None, vocab: dict[str, int] | None = None, par: Parallel = ONE
                ) -> tuple[Transformer, ModelSpec, dict]:
-    """Build the Transformer of a checkpoint folder and load its weights. Returns (model, spec, config)."""
+    """Build the Transformer of a checkpoint folder and load its weights (rank `par.rank`'s shard).
+    Returns (model, spec, config); `spec` is the checkpoint's, `model.spec` the shard's."""
     path = Path(path)
     spec, config = read_spec(path, overrides, vocab)
+    check_divisible(spec, par.size, par.expert_parallel)
     files = weight_files(path)
     with torch.device("meta"):
-        model = Transformer(spec)
+        model = Transformer(spec, par)
     if spec.weight_layout == "nemotron" and "lm_head.weight" in _names(files):  # optional causal head
         model.ar_head = torch.nn.Linear(spec.hidden_size, spec.vocab_size, bias=False, device="meta")
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -132,7 +145,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
         try:
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
-                    pieces = _pieces(name, sf, spec, params)
+                    pieces = _pieces(name, sf, spec, params, par)
                     if not pieces and not name.endswith("inv_freq"):
                         unused.append(name)
                     for canon, t in pieces:
@@ -160,13 +173,60 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     return model, spec, config
 
 
-def _pieces(name: str, sf, spec: ModelSpec, params: dict) -> list[tuple[str, torch.Tensor]]:
-    """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has."""
+def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -> list[tuple[str, torch.Tensor]]:
+    """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has: this
+    rank's slice of each, an expert slot renumbered among the experts the rank holds."""
     if spec.weight_layout == "llada2":  # fused q/k/v split, per-expert slots (models/llada2.py)
-        from specfold.models.llada2 import tensors
-        return [(c, t) for c, t in tensors(name, sf.get_tensor(name), spec) if _slot(c)[0] in params]
-    canon = canonical_name(name, spec.weight_layout)
-    return [] if canon is None or canon not in params else [(canon, sf.get_tensor(name))]
+        from specfold.models.llada2 import reads_whole, tensors
+        if reads_whole(name):
+            return [(c, _narrow(c, t, par)) for c, t in tensors(name, sf.get_tensor(name), spec)
+                    if _slot(c)[0] in params]
+        canons = [c for c, _ in tensors(name, None, spec)]
+    else:
+        canons = [canonical_name(name, spec.weight_layout)]
+    out = []
+    for canon in canons:
+        if canon is None or _slot(canon)[0] not in params:
+            continue
+        canon = _local_slot(canon, params, par)
+        if canon is not None:
+            out.append((canon, _read(sf.get_slice(name), canon, par)))
+    return out
+
+
+def _local_slot(canon: str, params: dict, par: Parallel) -> str | None:
+    """An expert slot renumbered among this rank's experts; None: another rank holds it."""
+    base, e = _slot(canon)
+    if e is None or not par.expert_parallel:
+        return canon
+    lo, hi = par.expert_range(params[base].shape[0] * par.size)
+    return f"{base}[{e - lo}]" if lo <= e < hi else None
+
+
+def _read(sl, canon: str, par: Parallel) -> torch.Tensor:
+    """This rank's slice of a checkpoint tensor (a safetensors slice: only that part is read)."""
+    shape = tuple(sl.get_shape())
+    cut = _cut(canon, shape, par)
+    if cut is None:
+        return sl[:]
+    dim, a, b = cut
+    return sl[(slice(None),) * dim + (slice(a, b),)]
+
+
+def _narrow(canon: str, t: torch.Tensor, par: Parallel) -> torch.Tensor:
+    """This rank's slice of a tensor already read whole."""
+    cut = _cut(canon, tuple(t.shape), par)
+    return t if cut is None else t.narrow(cut[0], cut[1], cut[2] - cut[1]).clone()
+
+
+def _cut(canon: str, shape: tuple[int, ...], par: Parallel) -> tuple[int, int, int] | None:
+    if _slot(canon)[1] is None:
+        return shard(canon, shape, par)
+    dim = expert_slot_split(canon, par)
+    if dim is None or dim >= len(shape):
+        return None
+    n = shape[dim] // par.size
+    return dim, par.rank * n, (par.rank + 1) * n
 
 
 def _slot(canon: str) -> tuple[str, int | None]:

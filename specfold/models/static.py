@@ -99,6 +99,6 @@ def static_forward(model: Transformer, pool: KVPool, sb: StaticBatch) -> torch.T
         out = attend_padded(Q, K, V, mask, PK, PV, valid, model.attn_scale)  # [G, B, T, H*D]
         pool.k[li].permute(0, 2, 1, 3).index_put_((sb.wslot, sb.wpos), k)
         pool.v[li].permute(0, 2, 1, 3).index_put_((sb.wslot, sb.wpos), v)
-        x = x + layer.o_proj(out.reshape(G * B * T, H * D).index_select(0, sb.scatter))
+        x = x + layer.attn_out(out.reshape(G * B * T, H * D).index_select(0, sb.scatter))
         x = x + layer.mlp(x)
     return x

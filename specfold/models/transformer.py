@@ -1,8 +1,8 @@
 """The native decoder-only transformer behind every family (no `trust_remote_code`).
 
 RMSNorm, RoPE with absolute positions (full or partial), GQA, optional q/k/v bias, optional per-head
-q/k norm, SwiGLU or a mixture of experts (models/moe.py: a layer past `spec.dense_layers` of a MoE
-spec has `moe` instead of gate/up/down_proj), tied or untied head. `forward` runs B branches of one window of T positions against one shared
+q/k norm, SwiGLU or a mixture of experts (models/moe.py: a layer that `spec.is_moe_layer` has `moe`
+instead of gate/up/down_proj), tied or untied head. `forward` runs B branches of one window of T positions against one shared
 prefix KV cache; `forward_many` runs several such `Forward`s (of different requests) in one call,
 the position-wise work over their packed rows and attention per forward against its own cache;
 `write_kv` writes a window's K/V from hidden states a forward returned (no forward):
@@ -29,6 +29,7 @@ from specfold.models.attention import Group, attention
 from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.moe import MoE
+from specfold.models.parallel import ONE, Parallel, local_spec
 from specfold.models.rope import Rope, apply_rope
 from specfold.models.spec import ModelSpec
 
@@ -49,8 +50,12 @@ class RMSNorm(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, s: ModelSpec, index: int = 0):
+    """One decoder layer of `s`'s shapes (a rank's shard under tensor parallelism: `s` is then the
+    local spec); `tp_reduce` sums a partial output (o_proj's, the FFN's) over the ranks."""
+
+    def __init__(self, s: ModelSpec, index: int = 0, par: Parallel = ONE):
         super().__init__()
+        self.tp_reduce = par.reduce if par.size > 1 else None
         d, hd = s.hidden_size, s.head_dim
         self.input_norm = RMSNorm(d, s.rms_eps)
         self.q_proj = nn.Linear(d, s.num_heads * hd, bias=s.qkv_bias)
@@ -63,7 +68,11 @@ class Layer(nn.Module):
         self.moe: MoE | None = None
         if s.is_moe_layer(index):
             self.moe = MoE(d, s.num_experts, s.moe_intermediate_size, s.experts_per_token, s.expert_groups,
-                           s.topk_groups, s.routed_scaling, s.shared_experts, s.router_bias)
+                           s.topk_groups, s.routed_scaling, s.shared_experts, s.router_bias,
+                           experts=par.expert_range(s.num_experts),
+                           shared_inter=s.moe_intermediate_size * s.shared_experts // (
+                               par.size if par.expert_parallel else 1),
+                           scoring=s.router_scoring, norm_topk_prob=s.norm_topk_prob)
             return
         self.gate_proj = nn.Linear(d, s.intermediate_size, bias=False)
         self.up_proj = nn.Linear(d, s.intermediate_size, bias=False)
@@ -72,8 +81,15 @@ class Layer(nn.Module):
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = self.post_norm(x)
         if self.moe is not None:
-            return self.moe(h)
-        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+            return self._summed(self.moe(h))
+        return self._summed(self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)))
+
+    def attn_out(self, o: torch.Tensor) -> torch.Tensor:
+        """o_proj of the attention output (summed over the ranks)."""
+        return self._summed(self.o_proj(o))
+
+    def _summed(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.tp_reduce is None else self.tp_reduce(y)
 
 
 def make_rope(spec: ModelSpec) -> Rope:
@@ -82,11 +98,15 @@ def make_rope(spec: ModelSpec) -> Rope:
 
 
 class Transformer(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, par: Parallel = ONE):
+        """`spec`: the checkpoint's; with `par` over several ranks the model holds rank `par.rank`'s
+        shard and `self.spec` is its local spec (models/parallel.py)."""
         super().__init__()
+        self.par = par
+        spec = local_spec(spec, par)
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Layer(spec, i) for i in range(spec.num_layers))
+        self.layers = nn.ModuleList(Layer(spec, i, par) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_eps)
         self.lm_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
         self.ar_head: nn.Linear | None = None  # Nemotron-Labs-Diffusion's causal head, when shipped
@@ -155,7 +175,7 @@ class Transformer(nn.Module):
             o = attention(q, k, v, pk, pv, mask, self.attn_scale)
             if write_cache:
                 cache.write(li, k[0], v[0])
-            x = x + layer.o_proj(o)
+            x = x + layer.attn_out(o)
             x = x + layer.mlp(x)
         if write_cache:
             cache.commit_write()
@@ -194,7 +214,7 @@ class Transformer(nn.Module):
         for li, layer in enumerate(self.layers):
             self._keep(hidden, x, sizes, shapes)
             q, k, v = self._packed_heads(layer, x, cos, sin, qscale)  # [R, H or Hkv, D]
-            x = x + layer.o_proj(self._attend(forwards, plans, li, q, k, v, starts, shapes))
+            x = x + layer.attn_out(self._attend(forwards, plans, li, q, k, v, starts, shapes))
             x = x + layer.mlp(x)
         for f in forwards:
             if f.write_cache:

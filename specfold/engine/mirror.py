@@ -1,0 +1,253 @@
+"""Tensor parallelism keeps the engine one program: rank 0 runs the scheduler, the programs, the budget
+chooser and the reads; every other rank replays rank 0's device work on its shard of the model.
+
+    leader = Leader(par.control)                         # rank 0, one per loaded model
+    runner = MirroredRunner(leader, key, runner, config) # an engine's runner: ships, then runs
+    Follower(model, spec).serve(channel)                 # ranks 1..N-1: replay until told to stop
+
+What crosses (one message per step, broadcast from rank 0 over the control channel, in place of
+the runner's one host-to-device copy): the step's `Job`s, which are host data already, with each
+device object replaced by a reference every rank resolves to its own copy:
+- a prefix cache -> `CacheRef` (an id, its capacity and current length: a LinearSpec `truncate` on
+  rank 0 reaches the others as the length; a static-shape pool slot by its slot number);
+- a reuse job's hidden states -> `HiddenRef` (which earlier result, which rows).
+Every rank then runs the same `ModelRunner.run` over the same jobs: the same packed call, the same
+fold decisions (the hidden states are equal on every rank after each all-reduce), and only rank 0
+reads. Objects rank 0 drops (a finished request's cache, a consumed result's hidden states, an
+engine) are dropped on the other ranks with the next message.
+
+Invariants: the followers hold no decode state (no request, no program, no scheduler); a message
+is a pure function of rank 0's host data; the cost model's calibration forwards (engine/cost.py)
+cross as `call` messages (`MirroredModel`), tensors copied to the host: calibration only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from specfold.decoding.jobs import HiddenRows, Job, JobResult
+from specfold.models.forward import Forward, ForwardResult
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRef:
+    id: int
+    capacity: int
+    length: int
+    pool: int | None = None  # the engine whose static-shape pool holds it (then `slot`)
+    slot: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenRef:
+    ref: tuple[int, int]  # (message, job index) of the verification that returned the states
+    branch: int
+    start: int
+    stop: int
+
+
+class _Held(list):
+    """A result's hidden states on rank 0, tagged with the reference the other ranks file them under."""
+    __slots__ = ("ref", "__weakref__")
+
+
+class Leader:
+    """Rank 0's side: the channel, the ids of the device objects the others mirror, and what to drop."""
+
+    def __init__(self, control):
+        self.control = control
+        self.seq = itertools.count()
+        self.engines = itertools.count()
+        self._caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._ids = itertools.count()
+        self._drops: list[tuple] = []
+        self._pools: dict[int, object] = {}  # id(pool) -> engine key
+
+    def send(self, kind: str, key: int, *payload) -> int:
+        n = next(self.seq)
+        drops, self._drops = self._drops, []
+        self.control.send((kind, key, n, drops) + payload)
+        return n
+
+    def forget(self, what: tuple) -> None:
+        self._drops.append(what)
+
+    def add_engine(self, config, pool) -> int:
+        key = next(self.engines)
+        if pool is not None:
+            self._pools[id(pool)] = key
+        self.send("engine", key, config)
+        return key
+
+    def cache(self, c) -> CacheRef | None:
+        if c is None:
+            return None
+        n = self._caches.get(c)
+        if n is None:
+            n = self._caches[c] = next(self._ids)
+            weakref.finalize(c, self.forget, ("cache", n))
+        pool = getattr(c, "pool", None)
+        if pool is not None:
+            return CacheRef(n, c.capacity, c.length, self._pools[id(pool)], c.slot)
+        return CacheRef(n, c.capacity, c.length)
+
+    def hidden(self, h: HiddenRows | None) -> HiddenRef | None:
+        return None if h is None else HiddenRef(h.source.ref, h.branch, h.start, h.stop)
+
+    def tag(self, n: int, results: list[JobResult]) -> None:
+        for i, r in enumerate(results):
+            if r.hidden is not None:
+                held = _Held(r.hidden)
+                held.ref = (n, i)
+                weakref.finalize(held, self.forget, ("hidden", (n, i)))
+                r.hidden = held
+
+
+class MirroredRunner:
+    """An engine's `ModelRunner` on rank 0 under tensor parallelism: every `run` first ships its jobs."""
+
+    def __init__(self, leader: Leader, runner, config, pool):
+        self.leader, self.runner = leader, runner
+        self.key = leader.add_engine(config, pool)
+        weakref.finalize(self, leader.forget, ("engine", self.key))
+
+    @property
+    def static(self):
+        return self.runner.static
+
+    @property
+    def fold_roots(self) -> bool:
+        return self.runner.fold_roots
+
+    @fold_roots.setter
+    def fold_roots(self, value: bool) -> None:
+        self.runner.fold_roots = value
+
+    def run(self, jobs: list[Job]) -> list[JobResult]:
+        if not jobs:
+            return []
+        ld = self.leader
+        wire = [dataclasses.replace(j, cache=ld.cache(j.cache), hidden=ld.hidden(j.hidden)) for j in jobs]
+        n = ld.send("run", self.key, self.runner.fold_roots, wire)
+        results = self.runner.run(jobs)
+        ld.tag(n, results)
+        return results
+
+
+def _forward_wire(ld: Leader, f: Forward) -> dict:
+    d = {s: getattr(f, s) for s in Forward.__slots__}
+    d["cache"] = ld.cache(f.cache)
+    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+
+
+class MirroredModel:
+    """The model and verifier as engine/cost.py's calibration sees them on rank 0: `forward_many` and
+    `verify_many` ship their forwards first (tensors through the host: calibration only)."""
+
+    def __init__(self, leader: Leader, key: int, model, verifier):
+        self._leader, self._key, self._model, self._verifier = leader, key, model, verifier
+        self.verifier = None if verifier is None else _MirroredVerifier(self)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def _call(self, method: str, forwards: list[Forward]) -> list[ForwardResult]:
+        self._leader.send("call", self._key, method, [_forward_wire(self._leader, f) for f in forwards])
+        target = self._model if method == "forward_many" else self._verifier
+        return getattr(target, method)(forwards)
+
+    def forward_many(self, forwards: list[Forward]) -> list[ForwardResult]:
+        return self._call("forward_many", forwards)
+
+
+class _MirroredVerifier:
+    def __init__(self, mm: MirroredModel):
+        self._mm = mm
+
+    def __getattr__(self, name):
+        return getattr(self._mm._verifier, name)
+
+    def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]:
+        return self._mm._call("verify_many", forwards)
+
+
+# ---------------------------------------------------------------------------------------- ranks 1..N-1
+class Follower:
+    """A rank's replay loop: its shard of the model, one runner per engine of rank 0, the caches and
+    hidden states rank 0's jobs refer to. No request, program or scheduler."""
+
+    def __init__(self, model, spec):
+        self.model, self.spec = model, spec
+        self.runners: dict[int, object] = {}
+        self.pools: dict[int, object] = {}
+        self.caches: dict[int, object] = {}
+        self.hidden: dict[tuple[int, int], list] = {}
+
+    def serve(self, channel) -> None:
+        """Replay messages until rank 0 says stop (or the channel breaks: the caller's concern)."""
+        with torch.inference_mode():
+            while True:
+                msg = channel.recv()
+                if msg[0] == "stop":
+                    return
+                self.handle(*msg)
+
+    def handle(self, kind: str, key: int, n: int, drops: list, *payload) -> None:
+        for what, ref in drops:
+            {"cache": self.caches, "hidden": self.hidden, "engine": self.runners}[what].pop(ref, None)
+            if what == "engine":
+                self.pools.pop(ref, None)
+        if kind == "engine":
+            self._engine(key, payload[0])
+        elif kind == "run":
+            fold_roots, wire = payload
+            runner = self.runners[key]
+            runner.fold_roots = fold_roots
+            jobs = [dataclasses.replace(j, cache=self._cache(j.cache), hidden=self._hidden(j.hidden)) for j in wire]
+            for i, r in enumerate(runner.run(jobs)):
+                if r.hidden is not None:
+                    self.hidden[(n, i)] = r.hidden
+        elif kind == "call":
+            method, wire = payload
+            runner = self.runners[key]
+            target = self.model if method == "forward_many" else runner.verifier
+            getattr(target, method)([self._forward(f) for f in wire])
+        else:
+            raise RuntimeError(f"internal error: unknown tensor-parallel message {kind!r}")
+
+    def _engine(self, key: int, config) -> None:
+        from specfold.engine.engine import build_program
+        from specfold.engine.graphs import static_parts
+        from specfold.engine.runner import ModelRunner
+        program = build_program(self.model, self.spec, config)
+        pool, static = static_parts(self.model, config)
+        runner = ModelRunner(self.model, program.verifier, self.spec.mask_token_id, static)
+        runner.reads = False  # rank 0 reads
+        self.runners[key], self.pools[key] = runner, pool
+
+    def _cache(self, ref: CacheRef | None):
+        if ref is None:
+            return None
+        c = self.caches.get(ref.id)
+        if c is None:
+            if ref.pool is not None:
+                from specfold.models.pool import SlotCache
+                c = SlotCache(self.pools[ref.pool], ref.slot)
+            else:
+                c = self.model.new_cache(ref.capacity)
+            self.caches[ref.id] = c
+        c.length = ref.length
+        return c
+
+    def _hidden(self, ref: HiddenRef | None) -> HiddenRows | None:
+        return None if ref is None else HiddenRows(self.hidden[ref.ref], ref.branch, ref.start, ref.stop)
+
+    def _forward(self, d: dict) -> Forward:
+        dev = self.model.device
+        d = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+        d["cache"] = self._cache(d["cache"])
+        return Forward(**d)
