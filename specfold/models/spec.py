@@ -82,6 +82,14 @@ class ModelSpec:
     dense_layers: int = 0  # the first `dense_layers` layers keep the dense FFN
     routed_scaling: float = 1.0
     router_bias: bool = True  # checkpoints carry a per-expert selection bias
+    # "sigmoid": LLaDA2's biased, group-limited routing; "softmax": Qwen3-MoE's (SDAR-MoE), top-k of
+    # softmax(router logits), renormalised over the k only when `norm_topk_prob` (models/moe.py)
+    router_scoring: str = "sigmoid"
+    norm_topk_prob: bool = True
+    # Qwen3-MoE's layer rule: layer i is MoE iff i is past `dense_layers`, not in `mlp_only_layers`
+    # and (i + 1) % decoder_sparse_step == 0
+    mlp_only_layers: tuple[int, ...] = ()
+    decoder_sparse_step: int = 1
     extra: dict = field(default_factory=dict)
 
     @property
@@ -89,7 +97,8 @@ class ModelSpec:
         return self.attention != "bidirectional"
 
     def is_moe_layer(self, index: int) -> bool:
-        return self.num_experts > 0 and index >= self.dense_layers
+        return (self.num_experts > 0 and index >= self.dense_layers and index not in self.mlp_only_layers
+                and (index + 1) % self.decoder_sparse_step == 0)
 
 
 # Family table: model_type -> (family name, layout defaults, decoding defaults).
@@ -97,6 +106,9 @@ class ModelSpec:
 _QWEN2 = dict(qkv_bias=True, qk_norm=False)
 _QWEN3 = dict(qkv_bias=False, qk_norm=True)
 _LLAMA = dict(qkv_bias=False, qk_norm=False)
+# Qwen3-MoE (SDAR-MoE): Qwen3 attention, softmax routing, no groups, bias or shared expert; the MoE
+# keys of config.json are read by `_qwen3_moe_fields`
+_QWEN3_MOE = dict(**_QWEN3, router_scoring="softmax", router_bias=False)
 _LLADA2 = dict(weight_layout="llada2", mask_token_id=156895, stop_token_ids=(156892,),
                logits_shift=False, attention="block_causal", alignment="absolute", seed_token=False,
                block_size=32, full_last_block=True)
@@ -110,6 +122,12 @@ FAMILIES: dict[str, dict[str, Any]] = {
         family="sdar", **_QWEN3, stop_token_ids=(151645, 151643), eot_token="<|im_end|>", logits_shift=False,
         attention="block_causal", alignment="absolute", seed_token=False, block_size=4,
         rule="static", tokens_per_step=1),
+    # SDAR-30B-A3B (Chat, Sci, Chat-b8): SDAR's decoding on a Qwen3-MoE body (SGLang's sdar_moe.py);
+    # the mask id is SDAR's 151669 unless config.json names one
+    "sdar_moe": dict(
+        family="sdar_moe", **_QWEN3_MOE, mask_token_id=151669, stop_token_ids=(151645, 151643),
+        eot_token="<|im_end|>", logits_shift=False, attention="block_causal", alignment="absolute",
+        seed_token=False, block_size=4, rule="static", tokens_per_step=1),
     "Dream": dict(
         family="dream", **_QWEN2, stop_token_ids=(151643,), eot_token="<|im_end|>", logits_shift=True,
         attention="bidirectional", block_size=32, rule="dream", confidence="neg_entropy"),
@@ -133,12 +151,13 @@ FAMILIES: dict[str, dict[str, Any]] = {
                         edit_threshold=0.5, max_post_steps=16),
     "qwen2": dict(family="qwen2", **_QWEN2),
     "qwen3": dict(family="qwen3", **_QWEN3),
+    "qwen3_moe": dict(family="qwen3_moe", **_QWEN3_MOE),
     "llama": dict(family="llama", **_LLAMA),
     "ministral3": dict(family="ministral3", **_LLAMA),
 }
 # Plain base layouts carry no diffusion defaults: the diffusion fields must come from config.json
 # (mask_token_id, block_size, ...) or from `overrides`.
-_PLAIN = {"qwen2", "qwen3", "llama", "ministral3"}
+_PLAIN = {"qwen2", "qwen3", "qwen3_moe", "llama", "ministral3"}
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(ModelSpec)}
 _DIFFUSION_CONFIG_KEYS = ("block_size", "sub_block_size", "logits_shift", "attention", "alignment",
@@ -197,6 +216,40 @@ def _shape_fields(cfg: dict, layout: str) -> dict[str, Any]:
         raise ConfigError(f"config.json lacks the field {e.args[0]!r} needed for model_type "
                           f"{cfg.get('model_type')!r}") from None
     return shape
+
+
+def _qwen3_moe_fields(cfg: dict) -> dict[str, Any]:
+    """The MoE fields of a Qwen3-MoE config.json (`sdar_moe`, `qwen3_moe`), with the defaults of
+    transformers' Qwen3MoeConfig where a key is absent; ConfigError (one line) on a wrong type."""
+    where = f"config.json of model_type {cfg.get('model_type')!r}"
+
+    def integer(key: str, default: Any, low: int) -> int:
+        value = cfg.get(key, default)
+        if value is None:
+            raise ConfigError(f"{where} lacks the field {key!r} needed for its MoE layers")
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{where}: {key}={value!r}, expected an integer >= {low}")
+        return value
+
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"{where}: hidden_act={cfg['hidden_act']!r}; specfold supports silu")
+    # transformers >= 5 writes the expert count as num_local_experts
+    experts = integer("num_experts" if "num_experts" in cfg else "num_local_experts", 0, 0)
+    out: dict[str, Any] = dict(num_experts=experts, expert_groups=1, topk_groups=1, shared_experts=0,
+                               dense_layers=0, routed_scaling=1.0)
+    if not experts:
+        return out
+    norm = cfg.get("norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise ConfigError(f"{where}: norm_topk_prob={norm!r}, expected true or false")
+    only = cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ConfigError(f"{where}: mlp_only_layers={only!r}, expected a list of layer indices")
+    out.update(experts_per_token=integer("num_experts_per_tok", None, 1),
+               moe_intermediate_size=integer("moe_intermediate_size", None, 1),
+               decoder_sparse_step=integer("decoder_sparse_step", 1, 1),
+               norm_topk_prob=norm, mlp_only_layers=tuple(only))
+    return out
 
 
 def _eos_ids(eos: Any, where: str) -> tuple[int, ...] | None:
@@ -260,6 +313,8 @@ def resolve_spec(config: dict, overrides: dict | None = None,
     if layout == "llada2":
         from specfold.models.llada2 import config_fields
         fields.update(config_fields(config, fields["head_dim"]))
+    elif fam.get("router_scoring") == "softmax":
+        fields.update(_qwen3_moe_fields(config))
     if model_type == "qwen2" and "attention_bias" not in config:
         fields["qkv_bias"] = True
     # diffusion fields that a checkpoint's config.json may carry (our tiny model does; SDAR has block_size)
@@ -278,6 +333,8 @@ def resolve_spec(config: dict, overrides: dict | None = None,
     fields.update(overrides)
     if "stop_token_ids" in fields:
         fields["stop_token_ids"] = tuple(int(t) for t in fields["stop_token_ids"])
+    if "mlp_only_layers" in fields:
+        fields["mlp_only_layers"] = tuple(int(i) for i in fields["mlp_only_layers"])
     if fields.get("mask_token_id") is None and mask_token is not None and vocab is not None:
         fields["mask_token_id"] = vocab.get(mask_token)
     if fields.get("mask_token_id") is None:
@@ -325,9 +382,12 @@ def _validate(spec: ModelSpec) -> None:
         raise ConfigError(f"block_size must be positive, got {spec.block_size}")
     if spec.rotary_dim is not None and not (0 < spec.rotary_dim <= spec.head_dim and spec.rotary_dim % 2 == 0):
         raise ConfigError(f"rotary_dim={spec.rotary_dim}: expected an even number in (0, head_dim={spec.head_dim}]")
+    if spec.decoder_sparse_step < 1:
+        raise ConfigError(f"decoder_sparse_step must be >= 1, got {spec.decoder_sparse_step}")
     if spec.num_experts:
         from specfold.models.moe import check_routing
-        check_routing(spec.num_experts, spec.experts_per_token, spec.expert_groups, spec.topk_groups)
+        check_routing(spec.num_experts, spec.experts_per_token, spec.expert_groups, spec.topk_groups,
+                      spec.router_scoring)
 
 
 def fingerprint(spec: ModelSpec) -> str:
