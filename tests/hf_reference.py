@@ -62,6 +62,7 @@ def float64_reference():
     import transformers.models.ministral3.modeling_ministral3 as mm
     import transformers.models.qwen2.modeling_qwen2 as mq2
     import transformers.models.qwen3.modeling_qwen3 as mq3
+    import transformers.models.qwen3_moe.modeling_qwen3_moe as mq3m
 
     def norm_forward(self, x):
         var = x.pow(2).mean(-1, keepdim=True)
@@ -74,7 +75,7 @@ def float64_reference():
         return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
     saved = []
-    for mod in (ml, mm, mq2, mq3):
+    for mod in (ml, mm, mq2, mq3, mq3m):
         for cname in dir(mod):
             cls = getattr(mod, cname)
             if cname.endswith("RMSNorm"):
