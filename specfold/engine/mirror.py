@@ -16,6 +16,9 @@ fold decisions (the hidden states are equal on every rank after each all-reduce)
 reads. Objects rank 0 drops (a finished request's cache, a consumed result's hidden states, an
 engine) are dropped on the other ranks with the next message.
 
+With `SPECFOLD_TP_CHECK=1` every rank also sends a digest of each step's fold statistics and
+rank 0 raises if any differs (the tests' proof that every rank folds the same rows).
+
 Invariants: the followers hold no decode state (no request, no program, no scheduler); a message
 is a pure function of rank 0's host data; the cost model's calibration forwards (engine/cost.py)
 cross as `call` messages (`MirroredModel`), tensors copied to the host: calibration only.
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import weakref
 from dataclasses import dataclass
 
 import torch
 
 from specfold.decoding.jobs import HiddenRows, Job, JobResult
+from specfold.errors import DistributedError
 from specfold.models.forward import Forward, ForwardResult
 
 
@@ -66,6 +71,8 @@ class Leader:
         self._ids = itertools.count()
         self._drops: list[tuple] = []
         self._pools: dict[int, object] = {}  # id(pool) -> engine key
+        self.check = os.environ.get("SPECFOLD_TP_CHECK") == "1"
+        self.checked = 0  # steps whose fold decisions every rank compared
 
     def send(self, kind: str, key: int, *payload) -> int:
         n = next(self.seq)
@@ -134,6 +141,11 @@ class MirroredRunner:
         wire = [dataclasses.replace(j, cache=ld.cache(j.cache), hidden=ld.hidden(j.hidden)) for j in jobs]
         n = ld.send("run", self.key, self.runner.fold_roots, wire)
         results = self.runner.run(jobs)
+        if ld.check:
+            got = ld.control.digests([r.stats for r in results])
+            if len(set(got)) != 1:
+                raise DistributedError(f"the tensor-parallel ranks reached different fold decisions at step {n}")
+            ld.checked += 1
         ld.tag(n, results)
         return results
 
@@ -182,6 +194,8 @@ class Follower:
 
     def __init__(self, model, spec):
         self.model, self.spec = model, spec
+        self.check = os.environ.get("SPECFOLD_TP_CHECK") == "1"
+        self.channel = None
         self.runners: dict[int, object] = {}
         self.pools: dict[int, object] = {}
         self.caches: dict[int, object] = {}
@@ -189,6 +203,7 @@ class Follower:
 
     def serve(self, channel) -> None:
         """Replay messages until rank 0 says stop (or the channel breaks: the caller's concern)."""
+        self.channel = channel
         with torch.inference_mode():
             while True:
                 msg = channel.recv()
@@ -208,7 +223,10 @@ class Follower:
             runner = self.runners[key]
             runner.fold_roots = fold_roots
             jobs = [dataclasses.replace(j, cache=self._cache(j.cache), hidden=self._hidden(j.hidden)) for j in wire]
-            for i, r in enumerate(runner.run(jobs)):
+            results = runner.run(jobs)
+            if self.check:
+                self.channel.digests([r.stats for r in results])
+            for i, r in enumerate(results):
                 if r.hidden is not None:
                     self.hidden[(n, i)] = r.hidden
         elif kind == "call":

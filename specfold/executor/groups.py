@@ -12,6 +12,7 @@ Two groups over one TCPStore hosted by rank 0:
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 import pickle
 from datetime import timedelta
@@ -66,6 +67,19 @@ class Channel:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         self._broadcast(torch.tensor([len(data)], dtype=torch.long))
         self._broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def digests(self, obj) -> list[bytes]:
+        """Every rank's SHA-256 of `obj` (pickled), gathered on every rank: the ranks compare state."""
+        mine = torch.frombuffer(bytearray(hashlib.sha256(pickle.dumps(obj)).digest()), dtype=torch.uint8)
+        out = [[torch.empty(32, dtype=torch.uint8) for _ in range(self.group.size())]]
+        if self.down is not None:
+            from specfold.errors import DistributedError
+            raise DistributedError(self.down)
+        try:
+            self.group.allgather(out, [mine]).wait()
+        except RuntimeError as e:
+            raise (self.on_error(e) if self.on_error is not None else e) from None
+        return [ctypes.string_at(t.data_ptr(), 32) for t in out[0]]
 
     def recv(self):
         n = torch.zeros(1, dtype=torch.long)

@@ -1,0 +1,152 @@
+"""Tensor and expert parallelism (models/parallel.py, engine/mirror.py, executor/): with
+`tensor_parallel_size=2` (two local processes, gloo, float64 on the CPU) every method decodes the
+tokens one rank decodes, on the embedded model and on random checkpoints of each attention layout,
+one request at a time and in a batch; each rank holds its shard only; the ranks reach the same fold
+decisions; a bad size is one line before anything starts; a rank that dies ends the request set with
+one line.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
+from specfold.decoding.drafts.graph import DraftGraph, Node
+from specfold.errors import ConfigError, DistributedError, ParamsError
+from specfold.models.parallel import parameter_bytes
+
+QUESTIONS = ["What is 3 + 4?", "Count from 5 to 9.", "Name a colour.", "What is 12 - 5?"]
+METHODS = {
+    "vanilla": dict(method="vanilla"),
+    "freedave": dict(method="freedave", draft_budget=2),
+    "freedave_auto": dict(method="freedave", draft_budget="auto"),
+    "spiffy": dict(method="spiffy", draft_budget=2),
+    "spiffy_auto": dict(method="spiffy", draft_budget="auto"),
+    "specfold": dict(method="specfold", delta=0.0, draft_budget=2),
+    "specfold_auto": dict(method="specfold", delta=0.0, draft_budget="auto"),
+    "specfold_eager": dict(method="specfold", delta=0.0, draft_budget=2, eager=True),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    one = LLM("tiny", dtype="float64")
+    two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
+    yield one, two
+    two.close()
+
+
+def _ids(llm, prompts, params):
+    return [o.token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_tiny_model_tokens_equal_one_rank(tiny, name):
+    one, two = tiny
+    p = DecodeParams(chat_template=True, max_new_tokens=32, rule="static", **METHODS[name])
+    batch = _ids(one, QUESTIONS, p)
+    assert sum(map(len, batch)) > 40  # real answers, not an immediate stop
+    assert _ids(two, QUESTIONS, p) == batch  # in a batch
+    assert [_ids(two, [q], p)[0] for q in QUESTIONS[:2]] == batch[:2]  # one request at a time
+
+
+def test_each_rank_holds_its_shard_only(tiny):
+    one, two = tiny
+    full = parameter_bytes(one.model)
+    replicated = sum(p.numel() * p.element_size() for n, p in one.model.named_parameters()
+                     if n.startswith(("embed", "lm_head", "norm")) or "norm" in n)
+    want = replicated + (full - replicated) // 2
+    assert two.ranks.param_bytes == [want, want]
+    assert parameter_bytes(two.model) == want
+
+
+def test_static_shapes_under_tensor_parallelism(tiny):
+    one, two = tiny
+    cfg = EngineConfig(method="spiffy", draft_budget=2, static_shapes=True, max_num_seqs=4)
+    sp = SamplingParams(chat_template=True, max_new_tokens=24)
+
+    def run(llm):
+        eng = llm.engine(cfg)
+        outs = eng.run_all([llm.encode(q, sp) for q in QUESTIONS[:3]], [sp] * 3)
+        assert eng.runner.static.forwards > 0  # the padded static forward ran
+        return [o.token_ids for o in outs]
+    assert run(two) == run(one)
+
+
+def test_a_size_that_does_not_divide_is_one_line_before_any_rank_starts():
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide .*sizes that divide every "
+                                          r"sharded dimension: 1, 2$"):
+        LLM("tiny", tensor_parallel_size=3)
+    with pytest.raises(ParamsError, match="distributed_executor_backend 'threads' is not supported"):
+        LLM("tiny", tensor_parallel_size=2, distributed_executor_backend="threads")
+    with pytest.raises(ParamsError, match="needs a mixture-of-experts checkpoint"):
+        LLM("tiny", tensor_parallel_size=2, enable_expert_parallel=True)
+
+
+# ---------------------------------------------------------------------------------------- layouts
+LAYOUTS = {  # random checkpoints (tests/hf_reference.py) under each attention layout
+    "qwen2_block_causal": ("qwen2", dict(attention="block_causal")),
+    "qwen3_tied_qk_norm": ("qwen3", dict(attention="block_causal", logits_shift=True, seed_token=True)),
+    "llama_bidirectional": ("llama", dict(attention="bidirectional")),
+}
+PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17], [40]]
+MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
+                    Node(2, ((0, 0), (1, 0))), Node(0, ((0, 0), (1, 0))), Node(3, ((0, 0),)), Node(4, ((2, 1),))])
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_random_checkpoints_of_each_layout(checkpoint, layout):
+    kind, fam = LAYOUTS[layout]
+    path = checkpoint(kind, peaked=30.0, block_size=8, sub_block_size=4, **fam)
+    one, two = LLM(path, dtype="float64"), LLM(path, dtype="float64", tensor_parallel_size=2)
+    try:
+        for kw in (dict(method="vanilla"), dict(method="spiffy", graph=MIXED, branches=8, draft_budget=2),
+                   dict(method="specfold", graph=MIXED, branches=8, delta=0.0, draft_budget="auto"),
+                   dict(method="freedave", draft_depth=4, draft_budget=2, eager=fam["attention"] == "block_causal")):
+            p = DecodeParams(max_new_tokens=20, rule="static", **kw)
+            assert _ids(two, PROMPTS, p) == _ids(one, PROMPTS, p), kw
+    finally:
+        two.close()
+
+
+def test_fold_decisions_are_the_same_on_every_rank(monkeypatch):
+    """At delta > 0 a rank whose hidden states differed by one ulp would fold other rows: every step
+    the ranks compare digests of their fold statistics (SPECFOLD_TP_CHECK) and rank 0 raises on any
+    difference. The check has to have run, on steps that folded rows."""
+    monkeypatch.setenv("SPECFOLD_TP_CHECK", "1")
+    two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
+    try:
+        p = DecodeParams(chat_template=True, max_new_tokens=32, method="specfold", delta=0.05, draft_budget=2,
+                         rule="static")
+        outs = two.generate(QUESTIONS, p)
+        assert two.leader.checked > 10
+        assert sum(o.stats.extra["fold_ratio"] or 0 for o in outs) > 0
+    finally:
+        two.close()
+
+
+def test_a_rank_that_dies_ends_the_request_set_with_one_line():
+    two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
+    try:
+        p = DecodeParams(chat_template=True, max_new_tokens=64, method="spiffy", draft_budget=2, rule="static")
+        eng = two._engine_for(p.split()[0])
+        for q in QUESTIONS:
+            eng.add_request(two.encode(q, p), p.split()[1])
+        eng.step()  # the prefills: every request has blocks left to decode
+        pid = two.ranks.launcher.pids()[1]
+        os.kill(pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(DistributedError) as err:
+            while eng.has_unfinished():
+                eng.step()
+        assert time.monotonic() - t0 < 60
+        msg = str(err.value)
+        assert "\n" not in msg and msg.startswith("tensor-parallel rank 1 was killed by SIGKILL")
+        with pytest.raises(DistributedError, match="rank 1 was killed"):  # later use: the same line at once
+            two.generate(QUESTIONS[:1], p)
+    finally:
+        two.close()
