@@ -150,3 +150,90 @@ def test_a_rank_that_dies_ends_the_request_set_with_one_line():
             two.generate(QUESTIONS[:1], p)
     finally:
         two.close()
+
+
+# ---------------------------------------------------------------------------------------- MoE
+MARGIN = 1e-8  # every routing decision is this far from a tie (one rank and two differ by ~1e-15)
+
+
+def _route_margins(monkeypatch, out: list) -> None:
+    """Record, on rank 0, the smallest gap at every routing cut (the expert cut, and LLaDA2's group cut)."""
+    from specfold.models.moe import MoE
+    real = MoE.route
+
+    def spy(self, x):
+        logits = x.double() @ self.router.double().T
+        if getattr(self, "scoring", "sigmoid") == "softmax":
+            choice = torch.softmax(logits, -1)
+        else:
+            choice = torch.sigmoid(logits) + (0 if self.expert_bias is None else self.expert_bias.double())
+            if self.groups > 1:
+                g = choice.view(x.shape[0], self.groups, -1).topk(2, -1).values.sum(-1)
+                gt = g.topk(self.topk_groups + 1, -1).values
+                out.append((gt[:, self.topk_groups - 1] - gt[:, self.topk_groups]).min().item())
+                keep = torch.zeros_like(g, dtype=torch.bool).scatter_(1, g.topk(self.topk_groups, -1).indices, True)
+                choice = choice.masked_fill(~keep.repeat_interleave(choice.shape[1] // self.groups, 1), -1e9)
+        top = choice.topk(self.top_k + 1, -1).values
+        out.append((top[:, self.top_k - 1] - top[:, self.top_k]).min().item())
+        return real(self, x)
+    monkeypatch.setattr(MoE, "route", spy)
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoints(tmp_path_factory):
+    from tests import llada2_checkpoint as C
+    from tests.test_sdar_moe import _save, make_hf
+    folder, cfg, _ = C.make(tmp_path_factory.mktemp("tp_llada2") / "ckpt", seed=0, head_scale=4.0, eos_boost=1.0)
+    sdar = _save(make_hf(seed=1, head_scale=4.0, num_hidden_layers=3, decoder_sparse_step=1, mlp_only_layers=[1],
+                         norm_topk_prob=True), tmp_path_factory.mktemp("tp_sdar_moe"))
+    return {"llada2": (folder, C.overrides(cfg), dict(rule="llada2", steps=8, threshold=0.9, block_size=8)),
+            "sdar_moe": (sdar, None, dict(rule="static"))}
+
+
+@pytest.mark.parametrize("family", ["llada2", "sdar_moe"])
+@pytest.mark.parametrize("ep", [False, True], ids=["tp", "ep"])
+def test_moe_checkpoints_under_tensor_and_expert_parallelism(moe_checkpoints, monkeypatch, family, ep):
+    path, ov, rule = moe_checkpoints[family]
+    margins: list = []
+    _route_margins(monkeypatch, margins)
+    one = LLM(path, dtype="float64", overrides=ov)
+    two = LLM(path, dtype="float64", overrides=ov, tensor_parallel_size=2, enable_expert_parallel=ep)
+    try:
+        held = [lyr.moe.w_up.shape[:2] for lyr in two.model.layers if lyr.moe is not None]
+        full = [lyr.moe.w_up.shape[:2] for lyr in one.model.layers if lyr.moe is not None]
+        # expert parallelism: half the experts, whole; tensor parallelism: every expert, half its width
+        assert held == [(e // 2, i) if ep else (e, i // 2) for e, i in full]
+        prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [20, 21, 22], [30, 31, 32, 33, 34, 35, 36, 37]]
+        for kw in (dict(method="vanilla"), dict(method="spiffy", graph=MIXED, branches=8, draft_budget=2),
+                   dict(method="specfold", graph=MIXED, branches=8, delta=0.0, draft_budget="auto")):
+            p = DecodeParams(max_new_tokens=16, **rule, **kw)
+            want = _ids(one, prompts, p)
+            assert sum(map(len, want)) > 10
+            assert _ids(two, prompts, p) == want, kw
+        assert len(margins) > 50 and min(margins) > MARGIN
+    finally:
+        two.close()
+
+
+def test_nemotron_causal_programs_under_tensor_parallelism(tmp_path):
+    """Nemotron-Labs-Diffusion's layout (causal prefix, its own AR head): the block program and the
+    causal programs (ar, linear_spec) on two ranks."""
+    from tests.hf_reference import make_hf_model
+    from tests.test_forward_equivalence import _rename_and_save
+    hf = make_hf_model("ministral3")
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(30.0)
+    config = hf.config.to_dict()
+    config.update(model_type="nemotron_labs_diffusion", mask_token_id=95, stop_token_ids=[94], block_size=8)
+    _rename_and_save(hf, tmp_path / "nld", lambda k: "diffusion_head.weight" if k == "lm_head.weight" else (
+        "encoder." + k[len("model."):] if k.startswith("model.") else None), config)
+    one = LLM(tmp_path / "nld", dtype="float64")
+    two = LLM(tmp_path / "nld", dtype="float64", tensor_parallel_size=2)
+    try:
+        for kw in (dict(method="vanilla"), dict(method="ar"), dict(method="linear_spec")):
+            p = DecodeParams(max_new_tokens=16, **kw)
+            want = _ids(one, PROMPTS, p)
+            assert sum(map(len, want)) > 10
+            assert _ids(two, PROMPTS, p) == want, kw
+    finally:
+        two.close()

@@ -146,6 +146,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
             with safe_open(str(f), framework="pt", device="cpu") as sf:
                 for name in sf.keys():
                     pieces = _pieces(name, sf, spec, params, par)
+                    if pieces is None:  # an expert another rank holds
+                        continue
                     if not pieces and not name.endswith("inv_freq"):
                         unused.append(name)
                     for canon, t in pieces:
@@ -173,9 +175,10 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     return model, spec, config
 
 
-def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -> list[tuple[str, torch.Tensor]]:
+def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -> list[tuple[str, torch.Tensor]] | None:
     """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has: this
-    rank's slice of each, an expert slot renumbered among the experts the rank holds."""
+    rank's slice of each, an expert slot renumbered among the experts the rank holds (None: an
+    expert another rank holds, not read)."""
     if spec.weight_layout == "llada2":  # fused q/k/v split, per-expert slots (models/llada2.py)
         from specfold.models.llada2 import reads_whole, tensors
         if reads_whole(name):
@@ -184,14 +187,16 @@ def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -
         canons = [c for c, _ in tensors(name, None, spec)]
     else:
         canons = [canonical_name(name, spec.weight_layout)]
-    out = []
+    out, elsewhere = [], False
     for canon in canons:
         if canon is None or _slot(canon)[0] not in params:
             continue
-        canon = _local_slot(canon, params, par)
-        if canon is not None:
-            out.append((canon, _read(sf.get_slice(name), canon, par)))
-    return out
+        local = _local_slot(canon, params, par)
+        if local is None:
+            elsewhere = True
+        else:
+            out.append((local, _read(sf.get_slice(name), local, par)))
+    return None if elsewhere and not out else out
 
 
 def _local_slot(canon: str, params: dict, par: Parallel) -> str | None:
