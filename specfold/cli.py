@@ -8,6 +8,9 @@ Invariants:
   a file that cannot be read or written, a missing optional extra); Ctrl-C ends quietly with 130, a closed stdout pipe quietly with 141,
   SIGTERM quietly with 143 (interrupts.py: both unwind as exceptions, never inside a C extension's init),
   keeping whatever a resumable run already wrote. Any other exception is a bug and keeps its traceback.
+- As the process (the console script, `python -m specfold`), a signal that lands after the command
+  (the interpreter's teardown of torch takes most of a second) ends it silently with the command's
+  own status: never a traceback from an exit handler, never death by the default action.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import importlib
 import json
 import sys
 
-from specfold.interrupts import Terminated, handling_signals
+from specfold.interrupts import Terminated, exit_quietly, handling_signals
 from specfold.args import (  # noqa: F401 (re-exported for callers of the older location)
     add_decode_args, add_engine_args, add_model_args, engine_config_from_args, llm_from_args, nonnegative_int,
     overrides_from_args, params_from_args, positive_int, sampling_from_args, stats_line,
@@ -158,16 +161,28 @@ def _command(argv: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; every user error ends as one line on stderr (see the module docstring). The
-    signal handlers come first: from here on Ctrl-C and SIGTERM end in one line wherever they land."""
+    signal handlers come first: from here on Ctrl-C and SIGTERM end in one line wherever they land.
+    Without `argv` (the console script, `python -m specfold`) main is the whole process: a signal
+    after the command (interpreter teardown) ends it at once with the command's status, silently,
+    never by the default action (interrupts.exit_quietly)."""
+    ending = exit_quietly() if argv is None else None
     try:
         with handling_signals():  # SIGINT/SIGTERM unwind as exceptions (interrupts.py)
-            return _run(sys.argv[1:] if argv is None else list(argv))
+            status = _run(sys.argv[1:] if argv is None else list(argv))
     except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
         print(("\n" if sys.stderr.isatty() else "") + "interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
     except Terminated:
+        status = EXIT_TERMINATED
         print(("\n" if sys.stderr.isatty() else "") + "terminated", file=sys.stderr)
-        return EXIT_TERMINATED
+    except BaseException as e:  # SystemExit (argparse: --help, a usage error) or a bug: it ends the process
+        if ending is not None:
+            code = e.code if isinstance(e, SystemExit) else 1
+            ending.status = code if isinstance(code, int) else int(code is not None)
+        raise
+    if ending is not None:
+        ending.status = status
+    return status
 
 
 def _run(argv: list[str]) -> int:

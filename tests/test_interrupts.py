@@ -262,3 +262,103 @@ def test_a_signal_inside_an_extension_initialiser_waits_until_it_is_done():
             results.append(ns["create_module"](loader, None))
             time.sleep(5)  # the deferred SIGINT lands here
     assert results == ["done"]
+
+
+def test_a_signal_held_back_when_the_block_ends_is_raised_there():
+    """A SIGINT deferred by an extension's initialiser that returns just as the command ends is not
+    dropped: the block ends with KeyboardInterrupt (the CLI's 130), not with the command's success."""
+    from importlib.machinery import ExtensionFileLoader
+
+    from specfold.interrupts import handling_signals
+    src = ("def create_module(self, spec):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGINT)\n"
+           "    for _ in range(1000):\n        pass\n    return 'done'\n")
+    ns: dict = {}
+    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
+    loader = ExtensionFileLoader("fake_ext", "/nonexistent/fake_ext.so")
+    results = []
+    with pytest.raises(KeyboardInterrupt):
+        with handling_signals():
+            results.append(ns["create_module"](loader, None))  # the block ends right after, before any retry
+    assert results == ["done"]
+    time.sleep(0.2)  # a retry of the deferred signal, had one survived the block, would raise here
+
+
+def _spin_src(name: str) -> str:
+    return (f"def {name}(*args):\n    import os, signal, time\n    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    t = time.monotonic()\n    while time.monotonic() - t < 0.3:\n        pass\n    DONE.append(True)\n")
+
+
+def test_a_signal_in_importlibs_module_lock_callback_waits_until_it_is_done(capfd):
+    """importlib's `_get_module_lock.<locals>.cb` (a weakref callback, run when an import's lock is
+    freed) is not interrupted: Python would print "Exception ignored in: <function
+    _get_module_lock.<locals>.cb ...>" and leave the lock table half updated. The callback here is
+    compiled under importlib's own file name, so the handler sees the frame it would see."""
+    import weakref
+
+    from specfold.interrupts import handling_signals
+    ns: dict = {"DONE": []}
+    exec(compile(_spin_src("cb"), "<frozen importlib._bootstrap>", "exec"), ns)
+
+    class Lock:
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        with handling_signals():
+            lock = Lock()
+            ref = weakref.ref(lock, ns["cb"])
+            del lock  # the callback runs here, and the signal lands inside it
+            time.sleep(5)  # the deferred SIGINT is raised here
+    assert ns["DONE"] == [True] and ref() is None
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_an_interrupt_python_cannot_propagate_is_raised_after_all(capfd):
+    """KeyboardInterrupt raised inside any other weakref callback (or __del__) would be printed as
+    "Exception ignored in ..." and dropped: the block's unraisable hook re-delivers it instead."""
+    import weakref
+
+    from specfold.interrupts import handling_signals
+    ns: dict = {"DONE": []}
+    exec(compile(_spin_src("callback"), __file__, "exec"), ns)
+
+    class Thing:
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        with handling_signals():
+            thing = Thing()
+            ref = weakref.ref(thing, ns["callback"])
+            del thing
+            time.sleep(5)  # re-delivered here
+    assert ns["DONE"] == [] and ref() is None  # interrupted inside the callback, raised after it
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("sig, delays", [(signal.SIGINT, (0.0, 0.05, 0.15, 0.4)), (signal.SIGTERM, (0.05, 0.3))])
+def test_a_signal_during_interpreter_teardown_changes_nothing(tmp_path, sig, delays):
+    """After the command has printed its outputs, `python -m specfold` tears down torch for most of a
+    second; Python restores the default handlers there (a traceback from an atexit callback, or
+    death by the signal: status -2/-15). A signal in that time ends the process silently, with the
+    command's own status (0 here; 130 only if it landed before the command returned)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for i, delay in enumerate(delays):
+        err = tmp_path / f"stderr{i}"
+        with open(err, "w") as fh:
+            p = subprocess.Popen([sys.executable, "-m", "specfold", "generate", "--prompt", "Tom has 3 apples.",
+                                  "--max-new-tokens", "4", "--threads", "1"], stdout=subprocess.PIPE, stderr=fh,
+                                 env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        out = b""
+        while out.count(b"\n") < 2:  # the text and the stats line: the command is done
+            chunk = os.read(p.stdout.fileno(), 4096)
+            assert chunk, f"the run ended early: {err.read_text()[-2000:]}"
+            out += chunk
+        time.sleep(delay)
+        p.send_signal(sig)
+        p.communicate(timeout=120)
+        stderr = err.read_text(errors="replace")
+        assert "Traceback" not in stderr and "Exception ignored" not in stderr, (delay, stderr[-3000:])
+        assert p.returncode in (0, STATUS[sig]), (delay, p.returncode, stderr[-2000:])
+        if p.returncode:
+            assert stderr.strip().splitlines()[-1].endswith(LINE[sig])
+
+
+STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LINE = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
