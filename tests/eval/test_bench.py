@@ -209,19 +209,17 @@ def test_cli_bench_on_tiny_model(tmp_path, capsys):
     assert len(out.read_text().splitlines()) == 2
 
 
-def check_quality(llm, quality: dict, data: str | None = None) -> int:
+def check_quality(llm, quality: dict, data: str | None = None) -> list[str]:
     """Compare bench's vanilla accuracy on the tiny task with `quality` (the format of quality.json:
     {"vanilla_<rule>": {"accuracy": a, "n": n, optional DecodeParams fields such as "max_new_tokens"
     (and "rule", overriding the key's), optional "correct": [bool per held-out sample], optional
-    "tolerance"}}); the number of entries checked. bench must give the same accuracy on the first n
+    "tolerance"}}); the names of the entries checked. bench must give the same accuracy on the first n
     samples (exactly, unless a tolerance is given). Entries with n > 64 run only with
     SPECFOLD_EVAL_FULL=1, unless they list per-sample `correct`, then checked on the first 16."""
     fields = set(DecodeParams.__dataclass_fields__)
-    full, checked = os.environ.get("SPECFOLD_EVAL_FULL") == "1", 0
-    for name, entry in quality.items():
+    full, checked = os.environ.get("SPECFOLD_EVAL_FULL") == "1", []
+    for name, entry in vanilla_entries(quality).items():
         method, _, rule = name.partition("_")
-        if method != "vanilla" or not isinstance(entry, dict) or "accuracy" not in entry:
-            continue
         n = int(entry["n"])
         k = n if full or n <= 64 else (16 if "correct" in entry else 0)
         if not k:
@@ -229,31 +227,53 @@ def check_quality(llm, quality: dict, data: str | None = None) -> int:
         params = DecodeParams(chat_template=True, rule=entry.get("rule", rule or None),
                               **{f: v for f, v in entry.items() if f in fields and f not in ("method", "rule")})
         recs = run_bench(llm, ["tiny"], ["vanilla"], params, data=data, limit=k, progress=False)
+        assert len(recs) == k, (name, len(recs), k)  # every sample asked for was scored
         if k == n:
             acc = summarize(recs)[0]["accuracy"]
             assert acc == pytest.approx(entry["accuracy"], abs=entry.get("tolerance", 1e-9)), name
         else:
-            assert [r["correct"] for r in recs] == [bool(c) for c in entry["correct"][:len(recs)]], name
-        checked += 1
+            assert [r["correct"] for r in recs] == [bool(c) for c in entry["correct"][:k]], name
+        checked.append(name)
     return checked
 
 
-def test_quality_check_itself(llm, data):
+def vanilla_entries(quality: dict) -> dict:
+    """The entries of quality.json that bench can check: vanilla figures with an accuracy."""
+    return {name: e for name, e in quality.items()
+            if name.partition("_")[0] == "vanilla" and isinstance(e, dict) and "accuracy" in e}
+
+
+def test_quality_check_itself(llm, data, tmp_path):
     entry = {"n": 3, "max_new_tokens": 8, "rule": "threshold"}
-    assert check_quality(llm, {"vanilla_static": dict(entry, accuracy=0.0), "other": {}}, str(data)) == 1
+    checked = check_quality(llm, {"vanilla_static": dict(entry, accuracy=0.0), "other": {}}, str(data))
+    assert checked == ["vanilla_static"]
     with pytest.raises(AssertionError, match="vanilla_static"):
         check_quality(llm, {"vanilla_static": dict(entry, accuracy=2 / 3)}, str(data))
     big = {"n": 500, "accuracy": 0.9, "max_new_tokens": 8, "correct": [False] * 500}
-    if os.environ.get("SPECFOLD_EVAL_FULL") != "1":
-        assert check_quality(llm, {"vanilla_threshold": big}, str(data)) == 1
+    if os.environ.get("SPECFOLD_EVAL_FULL") != "1":  # per sample on the first 16
+        many = tmp_path / "many.jsonl"
+        many.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"}) + "\n"
+                                for i in range(16)))
+        assert check_quality(llm, {"vanilla_threshold": big}, str(many)) == ["vanilla_threshold"]
+        with pytest.raises(AssertionError, match="vanilla_threshold"):  # one sample's verdict differs
+            check_quality(llm, {"vanilla_threshold": dict(big, correct=[False, True] + [False] * 498)}, str(many))
+        with pytest.raises(AssertionError, match="vanilla_threshold"):  # fewer samples than asked for
+            check_quality(llm, {"vanilla_threshold": big}, str(data))
+        unchecked = {k: v for k, v in big.items() if k != "correct"}  # n > 64, no per-sample verdicts
+        assert check_quality(llm, {"vanilla_threshold": unchecked}, str(many)) == []
 
 
 def test_bench_reproduces_tiny_model_quality():
+    """Every vanilla figure quality.json ships is reproduced by bench: on all n samples with
+    SPECFOLD_EVAL_FULL=1, otherwise per sample on the first 16 (none left unchecked)."""
     if not QUALITY.is_file():
         pytest.skip(f"{QUALITY} not written yet (tiny-model issue)")
     from specfold import LLM
-    if not check_quality(LLM("tiny"), json.loads(QUALITY.read_text())):
-        pytest.skip("quality.json has no vanilla entry small enough (set SPECFOLD_EVAL_FULL=1)")
+    quality = json.loads(QUALITY.read_text())
+    want = list(vanilla_entries(quality))
+    assert want, f"{QUALITY} lists no vanilla accuracy"
+    assert check_quality(LLM("tiny"), quality) == want, ("entries with n > 64 need per-sample 'correct' "
+                                                         "(or SPECFOLD_EVAL_FULL=1) to be checked")
 
 
 def test_plots_are_readable(monkeypatch, tmp_path):
