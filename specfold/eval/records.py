@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from specfold.errors import SpecfoldError
 
@@ -116,9 +116,3 @@ def _ends_with_newline(path: Path) -> bool:
         f.seek(-1, os.SEEK_END)
         return f.read(1) == b"\n"
 
-
-def write_all(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> None:
-    """Write `records` to a fresh JSONL file (used by tests and scripts)."""
-    with open(path, "w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False, default=_jsonable) + "\n")

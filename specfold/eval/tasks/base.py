@@ -100,11 +100,6 @@ def find_file(task: str, data: str | None, candidates: list[str]) -> Path | None
     raise DataError(f"{task}: data path {p} does not exist")
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON Lines file (blank lines skipped); a bad line is reported by number."""
-    return _parse_lines(path, _read_text(path))
-
-
 def read_records(path: Path) -> list[dict[str, Any]]:
     """A .json array file or a .jsonl file (gzip-compressed .gz also accepted); every record a JSON
     object, else DataError naming the file (and line)."""
