@@ -237,3 +237,29 @@ def test_nemotron_causal_programs_under_tensor_parallelism(tmp_path):
             assert _ids(two, PROMPTS, p) == want, kw
     finally:
         two.close()
+
+
+def test_a_rank_that_hangs_ends_the_request_set_within_the_collective_timeout(monkeypatch):
+    monkeypatch.setenv("SPECFOLD_COLLECTIVE_TIMEOUT", "5")
+    two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
+    pid = two.ranks.launcher.pids()[1]
+    try:
+        p = DecodeParams(chat_template=True, max_new_tokens=64, method="vanilla", rule="static")
+        eng = two._engine_for(p.split()[0])
+        for q in QUESTIONS:
+            eng.add_request(two.encode(q, p), p.split()[1])
+        eng.step()
+        os.kill(pid, signal.SIGSTOP)  # alive, but it never answers
+        t0 = time.monotonic()
+        with pytest.raises(DistributedError, match=r"^a tensor-parallel collective did not complete within 5 s"):
+            while eng.has_unfinished():
+                eng.step()
+        assert time.monotonic() - t0 < 30
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.1)  # the group is ended: the stopped rank is killed
+        assert not os.path.exists(f"/proc/{pid}")
+    finally:
+        if os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGCONT)
+        two.close()
