@@ -170,6 +170,23 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit", type=positive_int, default=None, help="first N samples of each task (N >= 1)")
     ap.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed generations before each run")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="start over: discard the records already in --out instead of resuming from them")
+
+
+def start_or_resume(out: str | None, overwrite: bool, label: str) -> None:
+    """Before a run (and before the model loads): with `overwrite`, the records file `out` is removed;
+    otherwise, when it holds records, one stderr line says the run resumes from them and how to start
+    over. A corrupt file fails here (CorruptRecordError), not after loading the model."""
+    if not out:
+        return
+    if overwrite:
+        Path(out).unlink(missing_ok=True)
+        return
+    found = load_records(out)
+    if found:
+        print(f"{label}: resuming from {out} ({len(found)} records found; only the missing ones run); "
+              f"to start over pass --overwrite or delete the file", file=sys.stderr)
 
 
 def local_engines(a: argparse.Namespace):
@@ -194,6 +211,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         expand_runs(methods, params_from_args(a), sweeps)  # every sweep point valid before any work
     check_writable_dir(a.plot, "--plot")
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
+    start_or_resume(a.out, a.overwrite, "bench")
     llm, generate = a.engines(a)
     if methods is None:
         methods = method_names(llm.spec)
@@ -262,7 +280,8 @@ def register(subparsers) -> argparse.ArgumentParser:
     add_run_args(p)
     p.add_argument("--methods", default=None, help="comma-separated decode methods (default: all registered); "
                                                    "--method is ignored by bench")
-    p.add_argument("--out", default="bench.jsonl", help="records JSONL; rerunning with the same file resumes")
+    p.add_argument("--out", default="bench.jsonl", help="records JSONL; rerunning with the same file resumes "
+                                                         "(--overwrite starts over)")
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",
                    help="e.g. delta=0,0.05,0.1,0.2 or branches=2..8 (repeatable: grid)")
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG plots into DIR")

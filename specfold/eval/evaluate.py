@@ -30,13 +30,14 @@ def format_results(rows: Sequence[dict[str, Any]]) -> str:
 def cmd_eval(a: argparse.Namespace) -> int:
     from specfold.args import params_from_args
     from specfold.decoding.methods import get_method
-    from specfold.eval.bench import check_writable_dir
+    from specfold.eval.bench import check_writable_dir, start_or_resume
     from specfold.eval.tasks import get_task
 
     params = params_from_args(a)
     get_method(params.method)  # unknown method: one line before the model is loaded
     tasks = [get_task(t) for t in a.tasks.split(",")]
     check_writable_dir(Path(a.out).parent if a.out else None, f"--out {a.out!r}: its folder")
+    start_or_resume(a.out, a.overwrite, "eval")
     llm, generate = a.engines(a)
     records = run_bench(llm, tasks, [params.method], params, data=a.data, limit=a.limit,
                         out=a.out, model_name=model_label(a.model),

@@ -91,6 +91,34 @@ def test_cli_bench_table_jsonl_resume_and_plots(model_dir, data, tmp_path, capsy
     assert len(out.read_text().splitlines()) == N * 3
 
 
+def test_cli_bench_says_when_it_resumes_and_overwrite_starts_over(model_dir, data, tmp_path, capsys, monkeypatch):
+    """`specfold bench` without --out writes ./bench.jsonl; a rerun resumes from it and says so in one
+    line (how many records, which file, how to start over); --overwrite recomputes every record."""
+    from specfold.cli import main
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", "2",
+            "--methods", "vanilla", "--max-new-tokens", "8", "--threads", "1", "--no-progress", "--warmup", "0"]
+    out = tmp_path / "bench.jsonl"
+    assert main(argv) == 0
+    assert "resuming" not in capsys.readouterr().err  # a new file: nothing to resume
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == 2
+    out.write_text("".join(json.dumps(dict(r, output="STORED")) + "\n" for r in recs))
+    assert main(argv) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "resum" in line]
+    assert said == ["bench: resuming from bench.jsonl (2 records found; only the missing ones run); "
+                    "to start over pass --overwrite or delete the file"]
+    assert [json.loads(line)["output"] for line in out.read_text().splitlines()] == ["STORED"] * 2
+    assert main(argv + ["--overwrite"]) == 0
+    assert "resum" not in capsys.readouterr().err
+    again = [json.loads(line)["output"] for line in out.read_text().splitlines()]
+    assert again == [r["output"] for r in recs]  # recomputed, not the stored ones
+    e = ["eval", "--model", str(model_dir), "--tasks", "tiny", "--data", str(data), "--limit", "2",
+         "--max-new-tokens", "8", "--no-progress", "--warmup", "0", "--out", "e.jsonl"]
+    assert main(e) == 0 and main(e) == 0
+    assert "eval: resuming from e.jsonl (2 records found;" in capsys.readouterr().err
+
+
 def test_resume_continues_an_interrupted_run(llm, data, tmp_path):
     out = tmp_path / "r.jsonl"
     first = Counting(llm)
