@@ -212,7 +212,8 @@ class Decoder:
 
     def run(self, prompt: list[int]) -> tuple[list[int], str, DecodeStats]:
         program = BlockProgram(self.llm.spec, self.config, self.policy, self.verifier)
-        host = SimpleNamespace(model=self.llm.model, spec=self.llm.spec, tokenizer=None)  # ids only
+        host = SimpleNamespace(model=self.llm.model, spec=self.llm.spec, tokenizer=None,  # ids only
+                               leader=self.llm.leader)  # tensor parallelism: the other ranks replay its steps
         out = Engine(host, self.config, program=program).run_one(prompt, self.sampling)
         return out.token_ids, out.finish_reason, out.stats
 

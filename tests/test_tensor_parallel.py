@@ -263,3 +263,13 @@ def test_a_rank_that_hangs_ends_the_request_set_within_the_collective_timeout(mo
         if os.path.exists(f"/proc/{pid}"):
             os.kill(pid, signal.SIGCONT)
         two.close()
+
+
+def test_calibration_runs_on_the_ranks_too(tiny):
+    """`calibrate` decodes through `LLM.decoder` (an engine with a program of its own): on two ranks it
+    counts the same patterns and makes the same graph."""
+    from specfold.decoding.drafts.calibrate import calibrate
+    one, two = tiny
+    base = DecodeParams(chat_template=True, max_new_tokens=24, rule="static", method="spiffy")
+    g1, g2 = calibrate(one, QUESTIONS, base, branches=5), calibrate(two, QUESTIONS, base, branches=5)
+    assert len(g1) == 5 and g2.nodes == g1.nodes
