@@ -44,7 +44,7 @@ class Ranks:
         atexit.register(_close, weakref.ref(self))
         try:
             self._wait("up")
-            dev = device_of(args, 0)
+            dev = device_of(args, getattr(self.launcher, "gpu0", 0))  # ray: the GPU of rank 0's bundle
             compute, control = connect(self.store, 0, size, dev)
             self.channel = Channel(control, self._failed)
             self.par = Parallel(0, size, expert_parallel, compute, self.channel, self.fault)
@@ -136,7 +136,7 @@ def start_ranks(args: LoadArgs, size: int, expert_parallel: bool = False, backen
     if expert_parallel and not spec.num_experts:
         raise ParamsError("enable_expert_parallel needs a mixture-of-experts checkpoint; this one has no experts")
     check_divisible(spec, size, expert_parallel)
-    if args.device == "cuda" and torch.cuda.device_count() < size:
+    if backend == "mp" and args.device == "cuda" and torch.cuda.device_count() < size:  # ray: its placement group
         raise ParamsError(f"tensor_parallel_size={size} needs {size} GPUs; {torch.cuda.device_count()} are visible")
     torch.set_num_threads(max(1, args.threads))
     return Ranks(args, size, expert_parallel, backend)

@@ -24,8 +24,9 @@ class LoadArgs:
     threads: int = 1  # torch threads per rank on the CPU
 
 
-def device_of(args: LoadArgs, rank: int) -> torch.device:
-    return torch.device(f"cuda:{rank}") if args.device == "cuda" else torch.device("cpu")
+def device_of(args: LoadArgs, gpu: int) -> torch.device:
+    """The rank's device: on CUDA, GPU `gpu` (rank r on GPU r under `mp`; under `ray` the GPU Ray gave it)."""
+    return torch.device(f"cuda:{gpu}") if args.device == "cuda" else torch.device("cpu")
 
 
 def one_line(e: BaseException) -> str:
@@ -33,8 +34,9 @@ def one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def run_rank(rank: int, size: int, addr: str, port: int) -> None:
-    """Rank `rank` of `size`: its load arguments come from the store rank 0 hosts at addr:port."""
+def run_rank(rank: int, size: int, addr: str, port: int, gpu: int | None = None) -> None:
+    """Rank `rank` of `size`: its load arguments come from the store rank 0 hosts at addr:port. On CUDA
+    it runs on GPU `gpu` (default: GPU `rank`; a Ray actor sees only its own GPU, 0)."""
     import pickle
     from specfold.engine.mirror import Follower
     from specfold.executor.groups import Channel, connect, store
@@ -50,7 +52,7 @@ def run_rank(rank: int, size: int, addr: str, port: int) -> None:
     torch.set_num_threads(max(1, args.threads))
     st.set(f"up/{rank}", "1")
     try:
-        dev = device_of(args, rank)
+        dev = device_of(args, rank if gpu is None else gpu)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         compute, control = connect(st, rank, size, dev)

@@ -30,6 +30,7 @@ import os
 import sys
 
 from specfold.errors import SpecfoldError
+from specfold.executor.ray_ranks import connect_ray
 
 SERVE_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
              "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_SERVE_METRICS_EXPORT_INTERVAL_MS": "1000"}
@@ -51,28 +52,15 @@ def connect(address: str | None = None, num_cpus: int | None = None,
             object_store_memory: int | None = None, ingress_port: int | None = None) -> bool:
     """Connect to the cluster at `address` ("auto", "ray://host:10001", "host:6379"), or start a
     local one (with `ingress_port`: direct ingress on it); True when this call started a local
-    cluster."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    import ray
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS") or None  # Ray's own variable: join that cluster
-    if address == "local":
-        address = None
-    if address:
-        try:
-            ray.init(address=address, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise SpecfoldError(f"cannot connect to the Ray cluster at {address!r}: {first}") from None
-        return False
-    if ingress_port is not None and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") != "0":
-        os.environ.update(direct_ingress_env(ingress_port))
-    for k, v in SERVE_ENV.items():  # inherited by every process of the cluster
-        os.environ.setdefault(k, v)
-    ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_memory,  # a new cluster,
-             include_dashboard=False, log_to_driver=False)  # never one found on the machine
-    return True
+    cluster. The joining and starting are executor/ray_ranks.py's `connect_ray` (one copy, shared
+    with the tensor-parallel `ray` backend); this adds Serve's settings of a cluster it starts."""
+
+    def serve_env() -> None:  # inherited by every process of the cluster
+        if ingress_port is not None and os.environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS") != "0":
+            os.environ.update(direct_ingress_env(ingress_port))
+        for k, v in SERVE_ENV.items():
+            os.environ.setdefault(k, v)
+    return connect_ray(address, num_cpus, object_store_memory, before_start=serve_env)
 
 
 def check_fits(replicas: int, num_cpus: float, num_gpus: float, strict: bool) -> None:
