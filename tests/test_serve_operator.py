@@ -352,6 +352,31 @@ def test_specfold_serve_with_a_key_and_a_cap(sig, status, line):
     assert err.strip().splitlines()[-1] == line
 
 
+def test_specfold_serve_says_what_it_serves_and_where():
+    """Before serving, one stderr line names the model, the method, the unmask rule and the address:
+    the bound one (with --port 0, the free port picked), where the server then answers."""
+    import re
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    argv = [sys.executable, "-m", "specfold", "serve", "--model", "tiny", "--port", "0", "--log-level", "warning",
+            "--method", "freedave", "--rule", "static", "--threads", "1"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True).start()
+    try:
+        wait_until(lambda: p.poll() is not None or any(x.startswith("specfold serve:") for x in lines),
+                   "the start-up line", limit=300, every=0.1)
+        said = [x.rstrip("\n") for x in lines if x.startswith("specfold serve:")]
+        assert len(said) == 1, lines
+        m = re.fullmatch(r"specfold serve: tiny, method freedave, rule static, on http://127\.0\.0\.1:(\d+)", said[0])
+        assert m and int(m[1]) > 0, said
+        assert httpx.get(f"http://127.0.0.1:{m[1]}/health", timeout=30).status_code == 200
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=120)
+    assert p.returncode == 130, "".join(lines)[-2000:]
+
+
 def test_an_empty_api_key_is_one_line(capsys, monkeypatch):
     from specfold.cli import main
     rc = main(["serve", "--model", "tiny", "--api-key", " "])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from specfold.errors import SpecfoldError
 from specfold.extras import require
@@ -53,9 +54,20 @@ def cmd_serve(a: argparse.Namespace) -> int:
     config = ServeConfig(model_name=name, max_tokens=a.max_new_tokens, temperature=a.temperature,
                          max_body_bytes=a.max_body_bytes, api_key=api_key(a))
     app = create_app(llm, engine, config)
+    model = name if name == str(a.model) else f"{name} ({a.model})"
+    about = f"{model}, method {engine.config.method}, rule {engine.config.rule}"
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.started:  # listening: the address is the bound one (--port 0 picks a free port)
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                print(f"specfold serve: {about}, on {url}", file=sys.stderr, flush=True)
+
     # not uvicorn.run, which swallows Ctrl-C: after the graceful shutdown, uvicorn re-raises the
     # signal it caught, so Ctrl-C ends `specfold serve` as every command (130) and SIGTERM too (143)
-    uvicorn.Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level)).run()
+    Server(uvicorn.Config(app, host=a.host, port=a.port, log_level=a.log_level)).run()
     return 0
 
 
