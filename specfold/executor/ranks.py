@@ -45,6 +45,8 @@ class Ranks:
         try:
             self._wait("up")
             dev = device_of(args, getattr(self.launcher, "gpu0", 0))  # ray: the GPU of rank 0's bundle
+            if dev.type == "cuda":
+                torch.cuda.set_device(dev)  # NCCL binds each rank to its current device
             compute, control = connect(self.store, 0, size, dev)
             self.channel = Channel(control, self._failed)
             self.par = Parallel(0, size, expert_parallel, compute, self.channel, self.fault)
