@@ -13,7 +13,9 @@
 
 Readability invariants: points and lines are named in a legend outside the axes (never by text
 beside the points, which overlaps when points are close); each series has its own colour (and a
-marker per method), the same in every panel; accuracy axes span exactly [0, 1].
+marker per method), the same in every panel; accuracy axes show [0, 1] (ticks 0 to 1) with a
+margin beyond both ends, and the speed axis one beyond the fastest point, so that every marker is
+drawn whole inside its axes (a point at accuracy 1 is not cut by the top edge).
 """
 from __future__ import annotations
 
@@ -58,6 +60,9 @@ def _styles(plt, keys: Sequence[tuple]) -> dict[tuple, dict]:
             for i, k in enumerate(keys)}
 
 
+ACC_MARGIN = 0.05  # accuracy units beyond [0, 1]: more than a marker's radius at the figure's size
+
+
 def plot_accuracy_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike) -> Path:
     plt = _pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
@@ -70,13 +75,14 @@ def plot_accuracy_speed(rows: Sequence[dict[str, Any]], path: str | os.PathLike)
             vanilla = r["method"] == "vanilla"
             if vanilla:  # a reference line: methods as fast as vanilla would hide its marker
                 ax.axvline(r["tokens_per_second"], color="grey", ls="--", lw=0.8, zorder=1)
-            ax.scatter(r["tokens_per_second"], r["accuracy"], s=70 if vanilla else 45, clip_on=False,
+            ax.scatter(r["tokens_per_second"], r["accuracy"], s=70 if vanilla else 45,
                        zorder=4 if vanilla else 3, edgecolors="black", linewidths=0.4,
                        **style[(r["method"], r["setting"])])
         ax.set_title(task)
         ax.set_xlabel("tokens/s (dashed: vanilla)")
         ax.set_ylabel("accuracy")
-        ax.set_ylim(0.0, 1.0)
+        ax.set_ylim(-ACC_MARGIN, 1.0 + ACC_MARGIN)  # a point at 0 or 1 shows whole, not cut by the edge
+        ax.set_yticks([i / 5 for i in range(6)])
         ax.set_xlim(0.0, 1.08 * max((r["tokens_per_second"] for r in mine), default=1.0))
         ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], ls="", markersize=7, markeredgecolor="black", markeredgewidth=0.4,

@@ -306,7 +306,7 @@ def test_bench_reproduces_tiny_model_quality():
 
 def test_plots_are_readable(monkeypatch, tmp_path):
     """13 points close together (the README command's count): named in a legend, not by overlapping text;
-    13 distinct colours; accuracy axes exactly [0, 1]; one bar per non-vanilla row."""
+    13 distinct colours; accuracy axes [0, 1] with a margin; one bar per non-vanilla row."""
     from matplotlib.colors import to_hex
 
     from specfold.eval import plots
@@ -322,7 +322,8 @@ def test_plots_are_readable(monkeypatch, tmp_path):
     write_plots(rows, tmp_path)
     acc = figs["accuracy_vs_speed.png"]
     ax = acc.axes[0]
-    assert tuple(ax.get_ylim()) == (0.0, 1.0) and len(ax.texts) == 0
+    lo, hi = ax.get_ylim()
+    assert lo < 0.0 and 1.0 < hi and ax.get_yticks()[0] == 0.0 and ax.get_yticks()[-1] == 1.0 and len(ax.texts) == 0
     van = next(r["tokens_per_second"] for r in rows if r["method"] == "vanilla")
     assert [tuple(line.get_xdata()) for line in ax.get_lines()] == [(van, van)]  # vanilla's reference line
     assert ax.get_xlim()[1] >= max(r["tokens_per_second"] for r in rows)        # no point cut off
@@ -334,6 +335,36 @@ def test_plots_are_readable(monkeypatch, tmp_path):
     assert [t.get_text() for t in bars.get_yticklabels()] == labels[1:]
     gain = figs["gain_vs_branches.png"].axes[0]
     assert [line.get_label() for line in gain.get_lines() if not line.get_label().startswith("_")] == ["tiny specfold"]
+
+
+def test_accuracy_plot_shows_every_point_whole(monkeypatch, tmp_path):
+    """Every marker of accuracy_vs_speed.png lies whole inside its axes, in pixels: points at accuracy
+    1 (an easy task) and 0, and the fastest point of each panel (the plot used to cut every point at
+    accuracy 1 by the top edge)."""
+    import numpy as np
+
+    from specfold.eval import plots
+    figs = {}
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: figs.setdefault(Path(path).name, fig) and
+                        real(plt, fig, path))
+    rows = [{"task": "tiny", "method": m, "setting": "default", "tokens_per_second": tps, "accuracy": 1.0}
+            for m, tps in (("vanilla", 100.0), ("freedave", 140.0), ("spiffy", 120.0), ("specfold", 160.0))]
+    rows += [{"task": "gsm8k", "method": "vanilla", "setting": "default", "tokens_per_second": 80.0, "accuracy": 0.0},
+             {"task": "gsm8k", "method": "specfold", "setting": "default", "tokens_per_second": 90.0, "accuracy": 0.5}]
+    plots.plot_accuracy_speed(rows, tmp_path / "a.png")
+    fig = figs["a.png"]
+    fig.canvas.draw()
+    seen = 0
+    for ax in fig.axes:
+        box = ax.get_window_extent()
+        for coll in ax.collections:
+            centres = ax.transData.transform(coll.get_offsets())
+            radii = np.broadcast_to(np.sqrt(coll.get_sizes()) / 2 * fig.dpi / 72, (len(centres),))
+            for (x, y), r in zip(centres, radii):
+                assert box.x0 + r <= x <= box.x1 - r and box.y0 + r <= y <= box.y1 - r, (ax.get_title(), x, y, r, box)
+                seen += 1
+    assert seen == len(rows)
 
 
 def test_eval_progress_bar_says_eval(model_dir, data, capsys):
