@@ -332,6 +332,10 @@ def test_an_interrupt_python_cannot_propagate_is_raised_after_all(capfd):
     assert "Exception ignored" not in capfd.readouterr().err
 
 
+STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LINE = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
 @pytest.mark.parametrize("sig, delays", [(signal.SIGINT, (0.0, 0.05, 0.15, 0.4)), (signal.SIGTERM, (0.05, 0.3))])
 def test_a_signal_during_interpreter_teardown_changes_nothing(tmp_path, sig, delays):
     """After the command has printed its outputs, `python -m specfold` tears down torch for most of a
@@ -359,6 +363,3 @@ def test_a_signal_during_interpreter_teardown_changes_nothing(tmp_path, sig, del
         if p.returncode:
             assert stderr.strip().splitlines()[-1].endswith(LINE[sig])
 
-
-STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
-LINE = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
