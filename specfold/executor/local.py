@@ -35,7 +35,9 @@ class LocalRanks:
         self.logs, self.procs = {}, {}
         for r in range(1, size):
             self.logs[r] = tempfile.TemporaryFile()
-            cmd = [sys.executable, "-m", "specfold.executor.worker", addr, str(port), str(r), str(size)]
+            # -W: runpy's warning that the package imported the module first would be the log's last line
+            cmd = [sys.executable, "-W", "ignore::RuntimeWarning:runpy", "-m", "specfold.executor.worker", addr,
+                   str(port), str(r), str(size)]
             self.procs[r] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.logs[r], stderr=self.logs[r],
                                              preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
