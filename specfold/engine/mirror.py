@@ -25,6 +25,7 @@ cross as `call` messages (`MirroredModel`), tensors copied to the host: calibrat
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -79,6 +80,15 @@ class Leader:
         drops, self._drops = self._drops, []
         self.control.send((kind, key, n, drops) + payload)
         return n
+
+    @contextlib.contextmanager
+    def step(self):
+        """Around a message and the device work it starts on every rank. An exception (Ctrl-C) leaves
+        `control.busy` set: the other ranks may wait in a collective and cannot hear a message
+        (executor/ranks.py's close then ends them instead)."""
+        self.control.busy = True
+        yield
+        self.control.busy = False
 
     def forget(self, what: tuple) -> None:
         self._drops.append(what)
@@ -139,13 +149,14 @@ class MirroredRunner:
             return []
         ld = self.leader
         wire = [dataclasses.replace(j, cache=ld.cache(j.cache), hidden=ld.hidden(j.hidden)) for j in jobs]
-        n = ld.send("run", self.key, self.runner.fold_roots, wire)
-        results = self.runner.run(jobs)
-        if ld.check:
-            got = ld.control.digests([r.stats for r in results])
-            if len(set(got)) != 1:
-                raise DistributedError(f"the tensor-parallel ranks reached different fold decisions at step {n}")
-            ld.checked += 1
+        with ld.step():
+            n = ld.send("run", self.key, self.runner.fold_roots, wire)
+            results = self.runner.run(jobs)
+            if ld.check:
+                got = ld.control.digests([r.stats for r in results])
+                if len(set(got)) != 1:
+                    raise DistributedError(f"the tensor-parallel ranks reached different fold decisions at step {n}")
+                ld.checked += 1
         ld.tag(n, results)
         return results
 
@@ -168,9 +179,11 @@ class MirroredModel:
         return getattr(self._model, name)
 
     def _call(self, method: str, forwards: list[Forward]) -> list[ForwardResult]:
-        self._leader.send("call", self._key, method, [_forward_wire(self._leader, f) for f in forwards])
+        wire = [_forward_wire(self._leader, f) for f in forwards]
         target = self._model if method == "forward_many" else self._verifier
-        return getattr(target, method)(forwards)
+        with self._leader.step():
+            self._leader.send("call", self._key, method, wire)
+            return getattr(target, method)(forwards)
 
     def forward_many(self, forwards: list[Forward]) -> list[ForwardResult]:
         return self._call("forward_many", forwards)

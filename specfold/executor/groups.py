@@ -53,6 +53,9 @@ class Channel:
     def __init__(self, group, on_error=None):
         self.group, self.on_error = group, on_error
         self.down: str | None = None  # set when the group has failed or closed: every send says so
+        # rank 0, from a message until the device work it starts has ended (engine/mirror.py): still set
+        # when rank 0 was interrupted in between (Ctrl-C), so the others may be inside a collective
+        self.busy = False
 
     def _broadcast(self, t: torch.Tensor) -> None:
         if self.down is not None:

@@ -6,7 +6,8 @@ Invariants:
   minutes), but never for a rank that has died: its end is the error;
 - a failed collective (a rank died, or the bounded timeout passed) ends the group: the error says
   which rank and how, the other ranks are stopped, and every later use raises the same line;
-- `close()` (also at interpreter exit) tells the ranks to stop, then ends any that do not.
+- `close()` (also at interpreter exit) tells the ranks to stop, then ends any that do not; ranks that
+  rank 0 left inside a step (an exception mid-step: Ctrl-C) cannot listen, and are ended at once.
 """
 from __future__ import annotations
 
@@ -112,12 +113,15 @@ class Ranks:
             return
         self.launcher = None
         channel = getattr(self, "channel", None)
-        if self.down is None and channel is not None:
+        told = False
+        # a step rank 0 left midway (Ctrl-C) holds the others in a collective: they cannot hear "stop"
+        if self.down is None and channel is not None and not channel.busy:
             try:
                 channel.send(("stop",))
+                told = True
             except Exception:  # noqa: BLE001 (a rank is gone already: it is stopped below)
                 pass
-        launcher.stop(5)
+        launcher.stop(5 if told else 0)
         if channel is not None and self.down is None:
             channel.down = "the tensor-parallel group was closed"
 
