@@ -33,13 +33,34 @@ def draft_budget(text: str):
     return text if text == "auto" else _int_at_least(text, 0, "'auto' or an integer >= 0")
 
 
-def add_model_args(ap: argparse.ArgumentParser) -> None:
+def add_model_args(ap: argparse.ArgumentParser, parallel: bool = True) -> None:
+    """The checkpoint flags; with `parallel` (every command that decodes through `LLM.generate` or an
+    engine) also the tensor-parallel ones (vLLM's names)."""
     ap.add_argument("--model", default="tiny", help="local HuggingFace checkpoint folder, or 'tiny'")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=JSON",
                     help="model spec override, e.g. mask_token_id=151665 (repeatable)")
-    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    ap.add_argument("--threads", type=positive_int, default=None,
+                    help="torch CPU threads (with -tp N: shared by the N ranks)")
+    if parallel:
+        add_parallel_args(ap)
+
+
+EXECUTOR_BACKENDS = ("mp", "ray")  # executor/ranks.py's BACKENDS (not imported: --help loads no torch)
+
+
+def add_parallel_args(ap: argparse.ArgumentParser) -> None:
+    g = ap.add_argument_group("parallelism")
+    g.add_argument("--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
+                   help="split the model over N ranks (processes: one GPU each on CUDA, a share of the CPU "
+                        "threads each on the CPU); N must divide the heads, KV heads and FFN widths")
+    g.add_argument("--enable-expert-parallel", action="store_true",
+                   help="mixture-of-experts checkpoints: each rank holds 1/N of the experts whole instead of "
+                        "a 1/N slice of every expert")
+    g.add_argument("--distributed-executor-backend", choices=EXECUTOR_BACKENDS, default="mp",
+                   help="how the other ranks start: 'mp' local processes (default), 'ray' Ray actors in one "
+                        "placement group (needs the 'ray' extra)")
 
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
@@ -136,7 +157,21 @@ def llm_from_args(a: argparse.Namespace):
     from specfold.api import LLM
     if a.threads:
         torch.set_num_threads(a.threads)
-    return LLM(a.model, dtype=a.dtype, device=a.device, overrides=overrides_from_args(a) or None)
+    return LLM(a.model, dtype=a.dtype, device=a.device, overrides=overrides_from_args(a) or None,
+               **parallel_from_args(a))
+
+
+def parallel_from_args(a: argparse.Namespace) -> dict:
+    """The `LLM` keywords of the parallelism flags (none on a command without them); the `ray`
+    backend checks its extra first (one line when it is missing)."""
+    if not hasattr(a, "tensor_parallel_size"):
+        return {}
+    kw = {"tensor_parallel_size": a.tensor_parallel_size, "enable_expert_parallel": a.enable_expert_parallel,
+          "distributed_executor_backend": a.distributed_executor_backend}
+    if kw["distributed_executor_backend"] == "ray" and (kw["tensor_parallel_size"] > 1 or kw["enable_expert_parallel"]):
+        from specfold.extras import require
+        require("ray", "--distributed-executor-backend ray")
+    return kw
 
 
 def stats_line(st) -> str:

@@ -23,7 +23,7 @@ def _cmd(a: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     from specfold.args import add_decode_args, add_model_args, positive_int
     ap = subparsers.add_parser("calibrate", help="calibrate a Spiffy draft graph by replaying vanilla decoding")
-    add_model_args(ap)
+    add_model_args(ap, parallel=False)  # calibration swaps the verifier: one rank only
     add_decode_args(ap)
     ap.add_argument("--prompts", required=True, help="JSON Lines with 'prompt' or 'question', or plain text lines")
     ap.add_argument("--limit", type=positive_int, default=50, help="prompts used (default 50)")

@@ -6,6 +6,8 @@ Invariants:
   checkpoint on the driver before a cluster is started or joined.
 - `specfold serve` without any of --replicas, --min-replicas, --max-replicas, --ray-address is the
   single-process server; --replica-cpus/--replica-gpus without them are an error, not ignored.
+- A replica (Serve) or actor (Ray Data) is one engine on one rank: `-tp N` > 1 and
+  `--enable-expert-parallel` are refused on those paths (one line), never ignored.
 - The command owns what it creates: on exit (Ctrl-C, SIGTERM: cli.py's handlers unwind it) it
   deletes its Serve application, and shuts Serve and Ray down only if it started the cluster itself.
 - `extend(command, parser)` is the one hook: cli.py calls it after `serve`, `eval` and `bench`
@@ -88,6 +90,8 @@ def wants_serve(a: argparse.Namespace) -> bool:
     ray_mode = any(getattr(a, k) is not None for k in ("replicas", "min_replicas", "max_replicas", "ray_address"))
     if not ray_mode:
         _no_resources(a, "--replicas N (or --min-replicas/--max-replicas, --ray-address)")
+    else:
+        _one_rank(a, "Ray Serve replicas", "replica", "--replicas, --min-replicas, --max-replicas and --ray-address")
     return ray_mode
 
 
@@ -99,7 +103,19 @@ def wants_batch(a: argparse.Namespace) -> bool:
         if extra:
             raise ParamsError(f"{extra[0]} applies to Ray actors: add --ray")
         _no_resources(a, "--ray")
+    else:
+        _one_rank(a, "Ray Data actors", "actor", "--ray")
     return a.ray
+
+
+def _one_rank(a: argparse.Namespace, where: str, each: str, flags: str) -> None:
+    """Refuse tensor parallelism on a Ray path: each replica or actor loads the whole model as one rank."""
+    size = getattr(a, "tensor_parallel_size", 1)
+    if size > 1 or getattr(a, "enable_expert_parallel", False):
+        flag = f"--tensor-parallel-size {size}" if size > 1 else "--enable-expert-parallel"
+        raise ParamsError(f"{flag} is not supported on {where}: each {each} loads the whole model as one rank; "
+                          f"drop {flags} to split one engine over ranks (--distributed-executor-backend ray "
+                          f"places them on a Ray cluster)")
 
 
 def _no_resources(a: argparse.Namespace, what: str) -> None:
