@@ -363,3 +363,48 @@ def test_generate_scheduler_flags(capsys, monkeypatch):
     for bad in ("-1", "some", "2.5"):
         rc, err = run(capsys, "generate", "--prompt", "x", "--draft-budget", bad)
         assert rc == 2 and "--draft-budget" in err and "'auto' or an integer >= 0" in err and len(err.splitlines()) == 1
+
+
+# ------------------------------------------------------------------ tensor parallelism flags
+PARALLEL_COMMANDS = {"generate": ["--prompt", "hi"], "serve": [], "eval": ["--tasks", "tiny", "--limit", "1"],
+                     "bench": ["--tasks", "tiny", "--methods", "vanilla", "--limit", "1"]}
+
+
+@pytest.mark.parametrize("command", list(PARALLEL_COMMANDS))
+@pytest.mark.parametrize("argv, message", [
+    (["-tp", "0"], "argument --tensor-parallel-size/-tp: expected a positive integer, got 0"),
+    (["--tensor-parallel-size", "two"], "argument --tensor-parallel-size/-tp: expected a positive integer, got 'two'"),
+    (["--distributed-executor-backend", "threads"],
+     "argument --distributed-executor-backend: invalid choice: 'threads' (choose from 'mp', 'ray')"),
+])
+def test_parallel_flags_bad_values(capsys, command, argv, message):
+    rc, err = run(capsys, command, *PARALLEL_COMMANDS[command], *argv)
+    assert rc == 2 and err == f"specfold {command}: error: {message} (see specfold {command} --help)"
+
+
+@needs_tiny
+@pytest.mark.parametrize("command", list(PARALLEL_COMMANDS))
+def test_parallel_flags_reach_the_model_of_every_command(capsys, command, tmp_path):
+    """Sizes the tiny model cannot split are refused by `LLM` itself, so each command passed them on;
+    one line before any rank starts (a command that dropped them would decode, or serve, instead)."""
+    argv = [command, "--model", "tiny", *PARALLEL_COMMANDS[command], "--threads", "1"]
+    if command == "serve":
+        argv += ["--host", "256.0.0.1"]  # were the flags dropped, the server would fail to bind, not hang
+    if command in ("eval", "bench"):
+        argv += ["--no-progress", "--warmup", "0", "--out", str(tmp_path / "records.jsonl")]
+    rc, err = run(capsys, *argv, "-tp", "3")
+    assert rc == 2 and err == ("error: tensor_parallel_size=3 does not divide num_attention_heads=4, "
+                               "num_key_value_heads=2, intermediate_size=512 of this checkpoint; sizes that divide "
+                               "every sharded dimension: 1, 2")
+    rc, err = run(capsys, *argv, "--tensor-parallel-size", "2", "--enable-expert-parallel")
+    assert rc == 2 and err == "error: enable_expert_parallel needs a mixture-of-experts checkpoint; this one has no experts"
+    assert not (tmp_path / "records.jsonl").exists()
+
+
+def test_ray_executor_backend_without_the_ray_extra_is_one_line(capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    rc, err = run(capsys, "generate", "--prompt", "hi", "-tp", "2", "--distributed-executor-backend", "ray")
+    assert rc == 2 and err == ("error: --distributed-executor-backend ray needs the 'ray' extra (missing module "
+                               "'ray'): pip install 'specfold[ray]'")

@@ -40,6 +40,24 @@ def test_missing_ray_extra_is_one_line(args, tmp_path):
     assert "needs the 'ray' extra" in err and "pip install 'specfold[ray]'" in err
 
 
+@pytest.mark.parametrize("args, flag, where", [
+    (["serve", "--model", "tiny", "--replicas", "2", "-tp", "2"], "--tensor-parallel-size 2", "Ray Serve replicas"),
+    (["serve", "--model", "tiny", "--ray-address", "auto", "--enable-expert-parallel"], "--enable-expert-parallel",
+     "Ray Serve replicas"),
+    (["eval", "--model", "tiny", "--ray", "--tensor-parallel-size", "2", "--limit", "2"], "--tensor-parallel-size 2",
+     "Ray Data actors"),
+    (["bench", "--model", "tiny", "--methods", "vanilla", "--ray", "-tp", "2", "--limit", "2"],
+     "--tensor-parallel-size 2", "Ray Data actors"),
+])
+def test_tensor_parallelism_on_ray_replicas_is_refused_in_one_line(args, flag, where):
+    """A replica or actor loads the whole model as one rank: -tp there is refused, not ignored, and
+    before the ray extra is even looked for (here it looks uninstalled)."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("sympy")
+    err = one_line(cli(args, hide_ray=True))
+    assert err.startswith(f"error: {flag} is not supported on {where}: each ") and "loads the whole model as one rank" in err
+
+
 def test_python_api_without_ray_says_which_extra():
     code = ("import sys; sys.modules['ray'] = None\n"
             "from specfold.ray import SpecfoldLLMConfig, SpecfoldProcessorConfig, build_openai_app, build_processor\n"
