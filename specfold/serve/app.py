@@ -15,8 +15,10 @@ Invariants:
 - logprobs: every chunk carries those of the tokens it carries (a chunk is sent for new tokens even
   when their text is held back); a choice's are those of its final token ids.
 - Every error is OpenAI's body `{"error": {"message", "type", "param", "code"}}`: 400 bad input, 404
-  unknown model or route, 429 engine full (EngineFull, with Retry-After); 500 only for a genuine
-  internal error (logged).
+  unknown model or route, 429 engine full (EngineFull, with Retry-After); 503 `engine_down` with the
+  error's one line once the engine cannot run (DistributedError: a tensor-parallel rank died or a
+  collective timed out), for the requests it ended and every later one, and /health says the same;
+  500 only for a genuine internal error (logged).
 
 No `from __future__ import annotations` here: FastAPI reads the handlers' `Request` annotation at
 runtime, and FastAPI is imported inside `create_app` (the serve extra stays optional).
@@ -28,7 +30,7 @@ import random
 import time
 from dataclasses import dataclass
 
-from specfold.errors import EngineFull, SpecfoldError
+from specfold.errors import DistributedError, EngineFull, SpecfoldError
 from specfold.params import SamplingParams
 from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, chat_logprobs, choice, chunk_choice,
                                      completion_logprobs, envelope, new_id, parse_request, usage)
@@ -53,10 +55,16 @@ def engine_error(e: BaseException) -> ApiError:
         return e
     if isinstance(e, EngineFull):
         return ApiError(429, str(e) or "the engine is full; retry later", code="engine_full", type="server_error")
+    if isinstance(e, DistributedError):  # the engine is down (runner.py): not the request's fault
+        return engine_down(e)
     if isinstance(e, SpecfoldError):
         return bad(None, str(e))
     log.error("internal error in the engine", exc_info=e)
     return ApiError(500, "internal server error", code="internal_error", type="server_error")
+
+
+def engine_down(e: DistributedError) -> ApiError:
+    return ApiError(503, str(e), code="engine_down", type="server_error")
 
 
 class Service:
@@ -352,6 +360,9 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
     async def health():
         if not service.runner.alive():
             raise ApiError(503, "no engine is running", code="engine_down", type="server_error")
+        down = getattr(service.runner, "down", None)  # a runner of specfold/ray's has none
+        if down is not None:
+            raise engine_down(down)
         return {"status": "ok", **service.runner.health()}
 
     return app

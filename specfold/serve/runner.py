@@ -14,6 +14,10 @@ Invariants:
 - With nothing unfinished in the engine the thread blocks on the command queue (no busy loop). An
   exception from `Engine.step` (or a live request the engine no longer holds) is an internal error:
   it is logged, every live group receives it, its members are aborted, and the thread keeps serving.
+- A `DistributedError` from `Engine.step` (a tensor-parallel rank died, or a collective timed out)
+  ends the engine for good: it is logged as its one line, every live group (running and waiting
+  requests) receives it, and so does every group submitted later (`down`, which /health reports);
+  the thread keeps answering until the server stops.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import queue
 import threading
 import uuid
 from dataclasses import asdict, dataclass
+
+from specfold.errors import DistributedError
 
 log = logging.getLogger("specfold.serve")
 
@@ -89,6 +95,7 @@ class EngineRunner:
         self.counters = RunnerCounters()
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._live: dict[str, tuple[Group, int]] = {}  # engine thread only
+        self.down: DistributedError | None = None  # the tensor-parallel group failed: every request gets it
         self._thread = threading.Thread(target=self._run, name="specfold-engine", daemon=True)
 
     # ------------------------------------------------------------------ any thread
@@ -158,6 +165,10 @@ class EngineRunner:
                     self.counters.aborted += 1
 
     def _add(self, group: Group, items) -> None:
+        if self.down is not None:  # the engine cannot run again: refused before the engine sees it
+            self.counters.refused += 1
+            group.put(self.down)
+            return
         added = []
         try:
             for rid, (ids, params) in zip(group.rids, items):
@@ -178,6 +189,12 @@ class EngineRunner:
         self.counters.max_running = max(self.counters.max_running, len(self._live))
         try:
             deltas = self.engine.step()
+        except DistributedError as e:  # a rank or a collective failed: no later step can run
+            log.error("the engine stopped: %s", e)
+            self.down = e
+            self.counters.step_errors += 1
+            self._fail_live(e)
+            return
         except Exception as e:  # an internal error: fail the live requests, keep serving
             log.exception("engine step failed")
             self.counters.step_errors += 1
