@@ -164,8 +164,15 @@ def test_auto_picks_are_not_only_prefixes(checkpoint):
 
 
 def _batched_picks(llm, cfg, stagger, picks):
-    """`_batched` of test_engine, also recording every request's pick after each step."""
+    """`_batched` of test_engine, also recording every pick of a draft the chooser makes."""
     eng = llm.engine(cfg)
+    choose = eng.budget.choose
+
+    def spy(ids, props, base):
+        out = choose(ids, props, base)
+        picks.extend(k.drafts for k in out[0] if k is not None and k.drafts)
+        return out
+    eng.budget.choose = spy
     outs, ids, nxt, step = {}, [], 0, 0
     while nxt < len(PROMPTS) or eng.has_unfinished():
         while nxt < len(PROMPTS) and step >= nxt * stagger:
@@ -174,7 +181,6 @@ def _batched_picks(llm, cfg, stagger, picks):
         for d in eng.step():
             if d.finished:
                 outs[d.request_id] = d.output
-        picks += [r.draft_pick for r in eng.running if r.draft_pick]
         step += 1
     return [outs[r] for r in ids]
 
@@ -240,11 +246,11 @@ def test_drafts_that_paid_skip_the_screen(checkpoint, monkeypatch):
     screen, choose = BudgetChooser._worth_drafting, BudgetChooser.choose
 
     def spy_screen(self, F0, live, parents, ratio=None, skip=frozenset()):
-        screened.append([r.drafts_paid for k, (r, _) in enumerate(live) if k not in skip and _.nodes])
+        screened.append([r in self._paid for k, (r, p) in enumerate(live) if k not in skip and p.nodes])
         return screen(self, F0, live, parents, ratio, skip)
 
-    def spy_choose(self, reqs, props, base):
-        out = choose(self, reqs, props, base)
+    def spy_choose(self, ids, props, base):
+        out = choose(self, ids, props, base)
         made.append(sum(1 for p in props if p is not None and p.computed))
         return out
     monkeypatch.setattr(BudgetChooser, "_worth_drafting", spy_screen)
@@ -271,9 +277,9 @@ def _probing_run(llm, cfg, monkeypatch, slope: float):
     monkeypatch.setattr(CostModel, "observe", lambda self, s, t: observed.append(s))  # the machine stays
     monkeypatch.setattr(CostModel, "observe_host", lambda *a, **k: None)  # the one installed
 
-    def spy_choose(self, reqs, props, base):
-        out = choose(self, reqs, props, base)
-        log.append((self._probed, [list(r.draft_pick or []) for r in reqs if r.draft_pick is not None]))
+    def spy_choose(self, ids, props, base):
+        out = choose(self, ids, props, base)
+        log.append((self._probed, [k.drafts for k in out[0] if k is not None]))
         return out
     monkeypatch.setattr(BudgetChooser, "choose", spy_choose)
     eng = llm.engine(cfg)
@@ -337,6 +343,75 @@ def test_refinement_samples_the_steps_once_warm(checkpoint):
         obs += obs < B.REFINE_WARM or t % B.REFINE_EVERY == 0
     assert ticks > 2 * B.REFINE_EVERY and eng.budget.steps == ticks
     assert c.observations == c.host_observations == obs < start + ticks
+
+
+# ---------------------------------------------------------------------------- picks are arguments
+CAUSAL = {"ar": {}, "linear_spec": {}, "linear_spec_multi": dict(branches=4),
+          "linear_specfold": dict(branches=4, delta=0.0)}
+
+
+@pytest.mark.parametrize("budget", ["auto", 2])
+def test_picks_are_arguments(checkpoint, tmp_path, budget):
+    """Every method (block and causal), batched with staggered joins and an abort: the chooser is
+    given request ids only; after every step each running request has the attributes of a request
+    that never met the chooser, and its program state the fields of its type, nothing more; what
+    the chooser remembers of a request is forgotten when it ends. Every verification that runs was
+    proposed once in its step, and no request proposes twice in a step (vanilla: by `plan` itself)."""
+    from collections import Counter
+    from dataclasses import fields
+
+    from specfold.engine.request import Request
+    from tests.causal_helpers import nld_checkpoint
+    block = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    causal = LLM(nld_checkpoint(tmp_path, focus=2.0, mask_like=15, mask_mix=0.7, layer_scale=0.6), dtype="float64",
+                 overrides={"stop_token_ids": [94]})
+    never = set(vars(Request("r", [1], SamplingParams(), EngineConfig(), set())))
+    runs = [(block, dict(method="vanilla", rule="threshold", threshold=0.6))]
+    runs += [(block, dict(rule="threshold", threshold=0.6, **kw)) for kw in METHODS.values()]
+    runs += [(causal, dict(method=m, **kw)) for m, kw in CAUSAL.items()]
+    for llm, kw in runs:
+        A.reset_registry()
+        cfg = EngineConfig(draft_budget=budget, **kw)
+        drafting = kw["method"] in ("freedave", "spiffy", "specfold")
+        if budget == "auto" and drafting:
+            _install_cost(llm, cfg, slope=0.06 / 8)
+        eng = llm.engine(cfg)
+        calls, proposals, remembered = Counter(), [0], False
+        propose, choose, run = getattr(eng.program, "propose", None), eng.budget.choose, eng.runner.run
+
+        def spy_propose(req):
+            calls[req.id] += 1
+            p = propose(req)
+            proposals[0] += p is not None
+            return p
+
+        def spy_choose(ids, props, base):
+            assert all(isinstance(i, str) for i in ids)
+            return choose(ids, props, base)
+
+        def spy_run(jobs):
+            assert proposals[0] == sum(j.kind == "verify" for j in jobs) and max(calls.values(), default=1) == 1
+            return run(jobs)
+        if propose is not None:
+            eng.program.propose = spy_propose
+            eng.runner.run = spy_run
+        eng.budget.choose = spy_choose
+        ids, step = [], 0
+        while len(ids) < len(PROMPTS) or eng.has_unfinished():
+            if len(ids) < len(PROMPTS):
+                ids.append(eng.add_request(PROMPTS[len(ids)], SamplingParams(max_new_tokens=MAX_NEW[len(ids)])))
+            if step == 6:
+                eng.abort(ids[1])
+            calls.clear()
+            proposals[0] = 0
+            eng.step()
+            step += 1
+            for req in eng.running:
+                assert set(vars(req)) == never, (kw, set(vars(req)) ^ never)
+                assert set(vars(req.state)) == {f.name for f in fields(req.state)}, kw
+            remembered |= bool(eng.budget._backoff or eng.budget._paid)
+        assert not eng.budget._backoff and not eng.budget._paid, kw
+        assert remembered == (budget == "auto" and drafting), kw
 
 
 # ---------------------------------------------------------------------------- fixed budgets

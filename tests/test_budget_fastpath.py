@@ -458,7 +458,7 @@ def test_buckets_match_the_reference():
         st = _Step(_Scores(pos[: len(pos) // 2], [rng.random() for _ in pos[: len(pos) // 2]]),
                    _Scores(pos[len(pos) // 2:], [rng.random() for _ in pos[len(pos) // 2:]])) \
             if rng.random() < 0.9 else None
-        p = Proposal((), n, 0, 1, 1, 0, len(drafts), make=lambda d=drafts: d, mask_id=M, root=root, parent=st)
+        p = Proposal(n, 0, 1, 1, 0, len(drafts), make=lambda d=drafts: d, mask_id=M, root=root, parent=st)
         assert p.buckets() == _ref_buckets(copy.copy(p))
 
 
@@ -492,7 +492,7 @@ def test_screen_is_the_reference_screen():
         live = []
         for _ in range(rng.randint(1, 16)):
             W = rng.choice([8, 8, 16])
-            live.append((None, Proposal((), W, rng.randint(0, 300), rng.randint(1, W), rng.randint(0, W), 0,
+            live.append((None, Proposal(W, rng.randint(0, 300), rng.randint(1, W), rng.randint(0, W), 0,
                                         rng.choice([0, 3, 7]))))
         F0 = ch._base([], [p for _, p in live])
         parents = [0] * 7

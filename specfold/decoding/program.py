@@ -12,10 +12,11 @@ Per request: prefill the prompt into the prefix cache, then block by block
 Vanilla decoding has no drafts, so every step is one forward.
 
 The engine drives it for a whole batch (engine/engine.py): `start(req)` once, then every step
-`plan(req) -> [Job]` (what the request needs now; [] = finished), the runner runs the jobs of all
-requests, and `update(req, results)` absorbs the host results and advances the request through
-every rule step it can take without the model. Everything per request is in `req.state`, a
-`BlockState`: plain Python data (and the prefix cache), never a generator frame.
+`propose(req)` (a verification's root and drafts, before they are chosen), `plan(req, pick) -> [Job]`
+(what the request needs now, with the drafts the engine's chooser picked; [] = finished), the
+runner runs the jobs of all requests, and `update(req, results)` absorbs the host results and
+advances the request through every rule step it can take without the model. Everything per request
+is in `req.state`, a `BlockState`: plain Python data (and the prefix cache), never a generator frame.
 
 Eager windows (`eager=True`, block-causal families): see decoding/windows.py.
 
@@ -27,8 +28,8 @@ Invariants:
 - positions at or beyond `prompt_len + max_new_tokens` are never unmasked; the output is cut at the
   first stop token (excluded), and nothing after a committed stop token changes the output, so a
   block stops early once a stop token has no mask before it (`early_stop`);
-- `plan` may be called again before `update` (a request the scheduler did not pick): it changes
-  nothing but the plan it returns.
+- `propose` and `plan` may be called again before `update` (a request the scheduler did not pick):
+  they change nothing but the plan they return.
 Bidirectional families decode the whole canvas (prompt + max_new_tokens masks) with no cache, one
 semi-autoregressive block of candidates at a time.
 """
@@ -40,7 +41,7 @@ from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import commit_mask, prefill_mask, window_mask
 from specfold.decoding.drafts.acceptance import Acceptance, acceptance_for
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
-from specfold.decoding.proposal import Proposal, pick
+from specfold.decoding.proposal import Pick, Proposal, subset
 from specfold.decoding.readout import Read, state_key
 from specfold.decoding.request import DecodeRequest
 from specfold.decoding.rules import Rule, Scored, indices, make_rule
@@ -60,6 +61,7 @@ class Verification:
     extra: int
     read: Read
     buckets: list[int] | None = None  # per draft: its confidence bucket (acceptance estimates)
+    drafting: bool = False  # it verifies drafts, or the chooser said the request still drafts
 
 
 @dataclass
@@ -83,7 +85,6 @@ class BlockState:
     prelude: list[Job] = field(default_factory=list)  # jobs to run first in the next step (reuse)
     reuse: list | None = None  # hidden rows of a reused commit that must read a seed token
     verification: Verification | None = None
-    proposal: Proposal | None = None  # the current state's proposal (propose/plan may be called again)
     node_bucket: dict = field(default_factory=dict)  # draft node -> confidence bucket, last verification
     drafting: bool = True  # the last verification verified drafts (its branches scored look-aheads)
     seen: dict = field(default_factory=dict)  # non-monotone rules: block state -> its Entry (this block's)
@@ -147,15 +148,12 @@ class BlockProgram:
         st: BlockState = req.state
         if st is None or st.phase != "denoise":
             return None
-        key = (st.start, st.ctx.step, tuple(st.tokens))
-        if st.proposal is not None and st.proposal.key == key:
-            return st.proposal
-        st.proposal = self._propose(req, st, key)
-        return st.proposal
+        return self._propose(req, st)
 
-    def plan(self, req: DecodeRequest) -> list[Job]:
-        """This step's jobs; a verification verifies the drafts `req.draft_pick` names (indices into
-        its proposal's drafts, closed under parents; None = all of them)."""
+    def plan(self, req: DecodeRequest, pick: Pick | None = None) -> list[Job]:
+        """This step's jobs; a verification verifies the drafts `pick` names (the engine's chooser's,
+        made from this step's `propose(req)`). None: no choice, the program proposes itself and
+        verifies every draft."""
         st: BlockState = req.state
         jobs = list(st.prelude)
         if st.phase == "done":
@@ -163,7 +161,7 @@ class BlockProgram:
         if st.phase == "prefill":
             jobs.append(self._prefill_job(req, st))
         elif st.phase == "denoise":
-            jobs.append(self._verify_job(req, st, self.propose(req)))
+            jobs.append(self._verify_job(req, st, pick if pick is not None else Pick(self.propose(req))))
         elif st.phase == "commit":
             jobs.append(self._commit_job(req, st))
         else:  # "reuse": a reused commit whose seed token must be read
@@ -342,7 +340,7 @@ class BlockProgram:
         return Job([list(st.tokens)], st.start, req.cache, kind="reuse", hidden=hidden, head=self.head,
                    read=Read(logprobs=req.params.logprobs) if read else None)
 
-    def _propose(self, req: DecodeRequest, st: BlockState, key: tuple) -> Proposal:
+    def _propose(self, req: DecodeRequest, st: BlockState) -> Proposal:
         """[root] + the policy's drafts over the window (the block, or the block and later blocks in
         eager mode), drafts made lazily."""
         ctx, state = st.ctx, st.tokens
@@ -360,7 +358,7 @@ class BlockProgram:
             region = self._regions(root, ctx, N, extra, True)
         parent = st.parent
         nodes = self._max_drafts() if parent is not None else 0
-        return Proposal(key, W, ctx.start if self.spec.uses_cache else 0, len(self._need(region)), masked, extra,
+        return Proposal(W, ctx.start if self.spec.uses_cache else 0, len(self._need(region)), masked, extra,
                         nodes, make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M,
                         root_region=region, root=state, parent=parent, kind=req.config.confidence or "max_prob")
 
@@ -398,16 +396,17 @@ class BlockProgram:
         parts, aheads = region
         return sorted({i for r in parts + aheads for i in r})
 
-    def _verify_job(self, req: DecodeRequest, st: BlockState, prop: Proposal) -> Job:
+    def _verify_job(self, req: DecodeRequest, st: BlockState, pick: Pick) -> Job:
         """[root] + the picked drafts in one batched forward; the head runs only on each branch's own
         rows (its rule region and look-ahead), never on rows only another branch reads."""
         ctx, state = st.ctx, st.tokens
+        prop, chosen = pick.proposal, pick.drafts
         N, W, extra = len(state), prop.width, prop.extra
-        drafts = pick(prop.drafts, req.draft_pick) if prop.nodes and req.draft_pick != [] else []
+        drafts = subset(prop.drafts, chosen) if prop.nodes and chosen != [] else []
         buckets = None
         if drafts and self.acceptance is not None:
             b = prop.buckets()
-            buckets = [b[i] for i in (req.draft_pick if req.draft_pick is not None else range(len(b)))]
+            buckets = [b[i] for i in (chosen if chosen is not None else range(len(b)))]
         req.counters.draft_seconds += prop.seconds
         prop.seconds = 0.0
         branches = [_pad(state, W, self.M)] + [_pad(d.tokens, W, self.M) for d in drafts]
@@ -423,7 +422,8 @@ class BlockProgram:
             rows.append({u: len(rows_at) + i for i, u in enumerate(need)})
             rows_at += [b * W + u - shift for u in need]
         read = self._read(req, ctx, branches, rows, N, self.policy.topk if self._material(st, bool(drafts)) else 0)
-        st.verification = Verification(branches, drafts, regions, rows, extra, read, buckets)
+        st.verification = Verification(branches, drafts, regions, rows, extra, read, buckets,
+                                       bool(drafts) or pick.drafting)
         return Job(branches, ctx.start, req.cache, st.mask, rows_at=rows_at,
                    parents=[-1] + [d.parent for d in drafts], return_hidden=self.windows.wants_hidden,
                    kind="verify", read=read)
@@ -469,7 +469,7 @@ class BlockProgram:
         cnt.eager_windows += int(v.extra > 0)
         st.node_bucket = {}
         if st.parent is not None:  # a block's first step cannot draft: it says nothing
-            st.drafting = bool(v.drafts) or bool(getattr(req, "still_drafting", None))
+            st.drafting = v.drafting
         for i, d in enumerate(v.drafts):
             cnt.node_drafts[d.node] += 1
             if self.acceptance is not None:

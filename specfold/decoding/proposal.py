@@ -1,16 +1,18 @@
-"""`Proposal`: one verification before its drafts are chosen (host data), and `pick` (a closed subset).
+"""`Proposal`: one verification before its drafts are chosen (host data); `Pick`: the drafts chosen.
 
 Each engine step works in two phases. Every request that must verify proposes its verification: the
 root (its window, prefix length, head rows, the masks its rule may fill) and the policy's full list
 of drafts, computed lazily (`Proposal.drafts`) so that a chooser that wants none never pays for
 drafting. The engine's chooser (engine/budget.py) then picks, for each request, which drafts to
-verify, and only then are the jobs built (`BlockProgram.plan`).
+verify, and only then are the jobs built: the engine passes each request's `Pick` to
+`BlockProgram.plan(req, pick)`. The pick is an argument: nothing of the choice is kept on the
+request or in its state.
 
 Invariants:
-- a proposal reads the request's state and changes nothing but its own cache: calling `propose` and
-  `plan` again before `update` gives the same verification;
+- a proposal reads the request's state and changes nothing in it; the engine proposes once per
+  request and step, and the pick carries that proposal to `plan`;
 - a pick is closed under parents (a draft's parent branch is picked too, or is the root), so any
-  prefix of the policy's list is a valid pick; `pick` renumbers the parents into the new list;
+  prefix of the policy's list is a valid pick; `subset` renumbers the parents into the new list;
 - drafts change speed, never tokens: every lossless method gives vanilla's tokens for any pick.
 """
 from __future__ import annotations
@@ -25,7 +27,6 @@ from specfold.decoding.plugins import Draft, Step
 @dataclass
 class Proposal:
     """What a verification costs and may gain, before its drafts are chosen."""
-    key: tuple  # the exact state it was made for (plan checks it still holds)
     width: int  # window positions (token rows per branch)
     kv: int  # prefix positions every row attends to (cache length)
     root_rows: int  # head rows of the root branch
@@ -89,7 +90,15 @@ class Proposal:
         return self._buckets
 
 
-def pick(drafts: list[Draft], chosen: list[int] | None) -> list[Draft]:
+@dataclass(slots=True)
+class Pick:
+    """The chooser's word on one request's verification this step: `plan(req, pick)`'s argument."""
+    proposal: Proposal  # this step's `propose(req)`: the verification picked from
+    drafts: list[int] | None = None  # indices into proposal.drafts, ascending, closed under parents; None = all
+    drafting: bool = False  # verifying none of them, the request still drafts: score the next drafts' material
+
+
+def subset(drafts: list[Draft], chosen: list[int] | None) -> list[Draft]:
     """The drafts at `chosen` (indices into `drafts`, ascending), with parents renumbered; None = all.
     Raises ValueError when a chosen draft's parent branch is not chosen (the pick is not closed)."""
     if chosen is None:

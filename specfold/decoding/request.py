@@ -79,15 +79,6 @@ class DecodeRequest:
         self.output_ids: list[int] = []
         # per output token, {token id: log-probability} from the forward that committed it (when asked)
         self.output_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
-        self.draft_budget: int | None = None  # causal programs: the cap on alternative drafts (None = no cap)
-        self.draft_pick: list[int] | None = None  # block program: the drafts to verify this step (None = all)
-        # the chooser's word on whether this request still drafts when it verifies none this step (True:
-        # its drafts were worth nothing here, e.g. each completes the block; None: drafts chosen = drafting)
-        self.still_drafting: bool | None = None
-        # the auto chooser's own: [steps left to skip drafting, refusals in a row] (`_backing_off`), and
-        # whether its drafts were chosen at its last choice (then the pre-draft screen is skipped)
-        self.budget_backoff: list[int] | None = None
-        self.drafts_paid = False
         self.state = None  # the program's typed per-request state
         self.cache = None  # the request's PrefixCache (the program makes it)
 

@@ -40,8 +40,12 @@ request's most valuable first-level draft, provided the predicted ratio is withi
 best, and the refinement observes that step (`_probe`: the cost model measures the shape it
 refuses). Host only: integers and floats, no tensor is read.
 
-Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their alternative drafts
-(`req.draft_budget`), and under "auto" they verify their configured branches.
+The picks are what `choose` returns (one `Pick` per request that verifies, for the engine to pass
+to `plan(req, pick)`); whatever the chooser remembers of a request between steps (its back-off,
+whether its drafts paid) is kept here by request id, and forgotten when the request ends
+(`forget`). Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their
+alternative drafts (their config's `draft_budget`), and under "auto" they verify their configured
+branches.
 
 Invariants: a pick is closed under parents; budgets change which states are verified, never the
 rule's decisions, so tokens are those of vanilla for every lossless method.
@@ -52,7 +56,7 @@ import time
 from collections import Counter
 
 from specfold.decoding.jobs import Job
-from specfold.decoding.proposal import Proposal
+from specfold.decoding.proposal import Pick, Proposal
 from specfold.engine.cost import CostModel, Shape, clock_for, cost_model_for, host_seconds, model_seconds
 
 RHO_START = 0.5  # fold ratio assumed before the first folded verification
@@ -130,33 +134,31 @@ class BudgetChooser:
         self._dry = 0  # steps in a row, since drafts were last verified, where a request could draft
         self._probed = False  # this step verifies a probe (`_probe`): the refinement observes it
         self.probes = 0
+        # per request id: [steps left to skip drafting, refusals in a row] (`_backing_off`), and the
+        # requests whose drafts were chosen at their last choice (they skip the pre-draft screen)
+        self._backoff: dict[str, list[int]] = {}
+        self._paid: set[str] = set()
 
     # ------------------------------------------------------------------ the choice
-    def choose(self, reqs: list, props: list[Proposal], base: list[Job]) -> float | None:
-        """Set `req.draft_pick` (block programs) or `req.draft_budget` (causal ones) for every request
-        of this step; returns the predicted seconds of the step (auto only)."""
+    def choose(self, ids: list[str], props: list[Proposal | None],
+               base: list[Job]) -> tuple[list[Pick | None], float | None]:
+        """The step's requests (their ids), their proposals (None: not verifying) and the jobs of the
+        step that are not verifications -> each request's `Pick` (None where it has no proposal), and
+        the predicted seconds of the step (auto only)."""
         self._last, self._made, self._probed = None, 0, False
         if not self.auto:
-            for req, p in zip(reqs, props):
-                self._fixed(req, p)
-            return None
-        for req in reqs:
-            req.draft_budget = None  # causal programs: their configured branches
-        live = [(r, p) for r, p in zip(reqs, props) if p is not None]
+            return [self._fixed(p) for p in props], None
+        live = [(r, p) for r, p in zip(ids, props) if p is not None]
         offer = any(p.nodes for _, p in live)  # some request could draft
         if live and self._idle[0] > 0:  # the screen passed nobody in the last steps: `_idle_after`
             self._idle[0] -= 1
             self._dry += offer
-            material = True if self._idle[0] <= 1 else None  # the next choice's drafts are made from it
-            for r, _ in live:
-                r.draft_pick, r.still_drafting = [], material
-            return None  # not evaluated: neither predicted nor observed
+            material = self._idle[0] <= 1  # the next choice's drafts are made from it
+            return _aligned(props, [Pick(p, [], material) for _, p in live]), None  # not predicted nor observed
         if not live or self.cost is None:
-            for r, _ in live:
-                r.draft_pick = []
             if self.cost is not None:  # a step of prefills and commits only: predicted all the same
                 self._last = self.cost.predict(self._base(base, []), host=True)
-            return self._last
+            return _aligned(props, [Pick(p, []) for _, p in live]), self._last
         F0 = self._base(base, [p for _, p in live])
         tau, acc = self.acceptance.tau, self.acceptance
         V0 = sum(min(tau, p.masked) for _, p in live)  # the roots' tokens
@@ -165,7 +167,7 @@ class BudgetChooser:
         if parents is None:  # a policy without a graph: every request that may draft is drafted
             wanted = [k for k, (_, p) in enumerate(live) if p.nodes]
         else:  # a request whose drafts were chosen at its last choice skips the screen: they paid
-            paid = {k for k, (r, p) in enumerate(live) if p.nodes and r.drafts_paid}
+            paid = {k for k, (r, p) in enumerate(live) if p.nodes and r in self._paid}
             wanted = sorted(paid) if len(paid) == len(live) else \
                 sorted(paid.union(self._worth_drafting(F0, live, parents, V0 / T0, skip=paid)))
             if offer:  # (a step where each is in its block's first step: no sign)
@@ -195,8 +197,7 @@ class BudgetChooser:
         picks: list[list[int]] = [[] for _ in live]
         for k, j in (self._best(F0, live, items, V0, T0) if wanted else []):
             picks[k].append(j)
-        for r, _ in live:
-            r.still_drafting = None
+        drafting = [False] * len(live)  # verifying no draft, the request still drafts (reads draft material)
         for k in wanted:  # drafts that were all worth nothing here (each completes the block) are no
             # sign that drafting does not pay: no back-off, and the next step's material is still read
             if k == probe and not picks[k]:
@@ -204,7 +205,7 @@ class BudgetChooser:
             if picks[k] or any(v > 0 for v, _, _ in items[k]):
                 self._outcome(live[k][0], bool(picks[k]))
             else:
-                live[k][0].still_drafting = True
+                drafting[k] = True
         if probe is not None and not any(picks):
             j = self._probe(F0, V0, T0, live[probe][1], items[probe])
             if j is not None:
@@ -212,19 +213,18 @@ class BudgetChooser:
                 self.probes += 1
         self._dry = 0 if any(picks) else self._dry + offer
         if offer and self._dry >= EXPLORE_EVERY - 1:  # the next step may probe: its drafts' material
-            for k, (r, p) in enumerate(live):
+            for k, (_, p) in enumerate(live):
                 if p.nodes and not picks[k]:
-                    r.still_drafting = True
+                    drafting[k] = True
         F = F0
-        for k, (r, p) in enumerate(live):
-            r.draft_pick = sorted(picks[k])
+        for k, (_, p) in enumerate(live):
             if picks[k]:
                 d = self._delta(p)
                 n = len(picks[k])
                 F = F.plus(Shape(d.rows * n, d.attn * n, sum(items[k][j][2] for j in picks[k]), d.fold * n,
                                  d.fold_calls, 0, n))
         self._last = T0 if F is F0 else self.cost.predict(F, host=True)
-        return self._last
+        return _aligned(props, [Pick(p, sorted(picks[k]), drafting[k]) for k, (_, p) in enumerate(live)]), self._last
 
     def _probe(self, F0: Shape, V0: float, T0: float, p: Proposal, items: list[tuple]) -> int | None:
         """The draft a probing step verifies where no draft was chosen: the most valuable of `p`'s
@@ -257,34 +257,33 @@ class BudgetChooser:
         st[1] = 0 if passed else min(st[1] + 1, IDLE_BITS)
         st[0] = 0 if passed else min(2 ** max(st[1] - 1, 0) - 1, IDLE_MAX)
 
-    @staticmethod
-    def _backing_off(req) -> bool:
+    def _backing_off(self, rid: str) -> bool:
         """A request whose drafts were made and none chosen skips drafting for 1, 3, 7, 15 steps after
         1, 2, 3, 4+ such steps in a row (the policy's host work is not free when nothing pays)."""
-        st = req.budget_backoff
+        st = self._backoff.get(rid)
         if st is None or st[0] <= 0:
             return False
         st[0] -= 1
         return True
 
-    @staticmethod
-    def _outcome(req, chosen: bool) -> None:
-        st = req.budget_backoff or [0, 0]
+    def _outcome(self, rid: str, chosen: bool) -> None:
+        st = self._backoff.setdefault(rid, [0, 0])
         st[1] = 0 if chosen else min(st[1] + 1, BACKOFF_MAX)
         st[0] = 0 if chosen else 2 ** st[1] - 1
-        req.budget_backoff, req.drafts_paid = st, chosen
+        (self._paid.add if chosen else self._paid.discard)(rid)
 
-    def _fixed(self, req, p: Proposal | None) -> None:
-        n = int(self.budget)
-        req.draft_budget = n
+    def forget(self, rid: str) -> None:
+        """The request ended: what the chooser kept of it goes."""
+        self._backoff.pop(rid, None)
+        self._paid.discard(rid)
+
+    def _fixed(self, p: Proposal | None) -> Pick | None:
         if p is None:
-            return
+            return None
+        n = int(self.budget)
         if n == 0 or not p.nodes:
-            req.draft_pick = []
-        elif n >= p.nodes:
-            req.draft_pick = None
-        else:
-            req.draft_pick = list(range(min(n, len(p.drafts))))
+            return Pick(p, [])
+        return Pick(p) if n >= p.nodes else Pick(p, list(range(min(n, len(p.drafts)))))
 
     def _base(self, base: list[Job], props: list[Proposal]) -> Shape:
         F = jobs_shape(base, self.folded, self.rho)
@@ -428,6 +427,12 @@ class BudgetChooser:
                            "host_made": c.host_made,
                            "calibration_seconds": c.calibration_seconds}
         return out
+
+
+def _aligned(props: list[Proposal | None], picks: list[Pick]) -> list[Pick | None]:
+    """The picks of the requests with a proposal, in order, spread back over every request."""
+    it = iter(picks)
+    return [None if p is None else next(it) for p in props]
 
 
 def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]], deltas: list[Shape],

@@ -7,9 +7,10 @@
             ...d.new_token_ids, d.text_delta, d.finished, d.output
 
 Each step: schedule (admit waiting requests, scheduler.py) -> every request that verifies proposes
-its verification (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
+its verification, once (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
 drafts of all of them at once (budget.py: a fixed N, or "auto" from the cost model and acceptance
-estimates) -> `program.plan(req)` for every running request (host: the jobs it needs now) ->
+estimates) -> `program.plan(req, pick)` for every running request, with its pick (host: the jobs it
+needs now) ->
 `runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device copy,
 one read back; its host wall time refines the cost model) -> `program.update(req, results)` (host:
 rules, drafts, bookkeeping) -> a `RequestDelta` for every request that finished or produced final
@@ -135,11 +136,9 @@ class Engine:
         if req is None or req.finished:
             return
         del self.requests[request_id]
-        if req in self.running:
-            self.running.remove(req)
-        elif req in self.waiting:
+        if req in self.waiting:
             self.waiting.remove(req)
-        req.finish("abort")
+        self._finish(req, "abort")
         self._aborted.append(RequestDelta(req.id, [], "", True, "abort", self._output(req)))
 
     def has_unfinished(self) -> bool:
@@ -190,19 +189,18 @@ class Engine:
 
     def _plan(self, touched: list[Request]) -> tuple[list[tuple[Request, list]], float | None]:
         """Every running request's jobs for this step, in two phases: the requests that verify propose
-        their verification (root + the policy's drafts, made lazily), the budget chooser picks the
-        drafts of all of them at once (engine/budget.py), then the jobs are built. A request with no
-        job is done. Returns the plans and the chooser's predicted step seconds (auto budgets)."""
+        their verification once (root + the policy's drafts, made lazily), the budget chooser picks the
+        drafts of all of them at once (engine/budget.py), then each request's pick goes to
+        `plan(req, pick)`. A request with no job is done. Returns the plans and the chooser's predicted
+        step seconds (auto budgets)."""
         propose = getattr(self.program, "propose", None) if self.budget.drafts else None
         props = [propose(req) if propose is not None else None for req in self.running]
-        base = {}
-        for req, p in zip(self.running, props):
-            if p is None or req.state.prelude:
-                base[req.id] = self.program.plan(req) if p is None else list(req.state.prelude)
-        predicted = self.budget.choose(self.running, props, [j for js in base.values() for j in js])
+        base = [self.program.plan(req) if p is None else list(req.state.prelude) for req, p in zip(self.running, props)]
+        picks, predicted = self.budget.choose([r.id for r in self.running], props, [j for js in base for j in js])
         out = []
-        for req, p in zip(list(self.running), props):
-            jobs = base[req.id] if p is None else self.program.plan(req)
+        for req, jobs, pick in zip(list(self.running), base, picks):
+            if pick is not None:
+                jobs = self.program.plan(req, pick)
             if jobs:
                 out.append((req, jobs))
             else:
@@ -213,6 +211,7 @@ class Engine:
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:
             self.running.remove(req)
+        self.budget.forget(req.id)
         req.finish(reason)
 
     def _delta(self, req: Request) -> RequestDelta | None:

@@ -86,9 +86,10 @@ class LinearSpec:
         return indices(self.rule.region([t == self.M for t in r.block], 0))
 
     def _budget(self, req) -> int:
-        """Drafts this round may verify: `branches`, capped at 1 + the engine's draft budget."""
-        b = req.draft_budget
-        return self.branches if b is None else max(1, min(self.branches, 1 + b))
+        """Drafts this round may verify: `branches`, capped at 1 + a fixed draft budget (under "auto":
+        `branches`)."""
+        b = req.config.draft_budget
+        return self.branches if b == "auto" else max(1, min(self.branches, 1 + b))
 
     # ------------------------------------------------------------------ results
     def update(self, req, st: CausalState, results: list[JobResult]) -> None:

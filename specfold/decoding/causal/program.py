@@ -1,10 +1,11 @@
 """Engine hooks of the causal programs: the same interface as the block program (decoding/program.py).
 
 `CausalProgram(program, verifier)` is built once per engine; each request's `CausalState` lives in
-`req.state`. `start(req, new_cache)` makes the request's prefix cache; every step `plan(req) -> [Job]`
-and `update(req, results)`; final tokens go to the request through `req.emit` as soon as a round
-decides them (the engine streams them). The draft budget the scheduler sets per step
-(`req.draft_budget`) caps the alternative drafts of multi-branch LinearSpec: speed only, never tokens.
+`req.state`. `start(req, new_cache)` makes the request's prefix cache; every step `plan(req, pick)
+-> [Job]` (they propose nothing, so the engine's pick is always None) and `update(req, results)`;
+final tokens go to the request through `req.emit` as soon as a round decides them (the engine
+streams them). A fixed `draft_budget` (the request's config) caps the alternative drafts of
+multi-branch LinearSpec: speed only, never tokens.
 
 Job kinds: a multi-branch verify (B > 1, writes nothing) is `kind="verify"`, so the runner routes it
 through the verifier (FoldVerifier for linear_specfold); a one-branch causal verify writes the cache
@@ -26,7 +27,7 @@ class CausalProgram:
         req.cache = new_cache(len(req.prompt_ids) + req.params.max_new_tokens + 2 * self.program.N)
         req.state = CausalState()
 
-    def plan(self, req) -> list[Job]:
+    def plan(self, req, pick=None) -> list[Job]:
         st: CausalState = req.state
         return [] if st.done else self.program.plan(req, st)
 
