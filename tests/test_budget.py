@@ -89,13 +89,12 @@ def test_best_closure_against_brute_force(shape):
     assert worst >= (1 - 1e-9 if shape == "linear" else 0.995), worst
 
 
-def test_best_closure_takes_nothing_when_nothing_pays_and_respects_the_row_budget():
+def test_best_closure_takes_nothing_when_nothing_pays():
     cost = CostModel([8, 16], [1.0, 2.0], 0.0, 0.0)  # a draft costs as much as a root: it must be sure
     per = [[(0.9, -1, 1), (0.8, 0, 1)]]
     assert best_closure(cost, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)]) == []
     cheap = CostModel([8, 16], [1.0, 1.01], 0.0, 0.0)
     assert best_closure(cheap, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)]) == [(0, 0), (0, 1)]
-    assert best_closure(cheap, Shape(8, 0, 1), 1.0, per, [Shape(8, 0, 0)], max_rows=16) == [(0, 0)]
 
 
 # ---------------------------------------------------------------------------- budgets never change tokens
@@ -412,6 +411,35 @@ def test_picks_are_arguments(checkpoint, tmp_path, budget):
             remembered |= bool(eng.budget._backoff or eng.budget._paid)
         assert not eng.budget._backoff and not eng.budget._paid, kw
         assert remembered == (budget == "auto" and drafting), kw
+
+
+@pytest.mark.parametrize("budget", ["auto", 2])
+def test_the_row_budget_is_the_schedulers(checkpoint, budget):
+    """A row budget of two windows (16 rows) for 5 requests: the chooser picks drafts without it, and
+    the scheduler defers the requests whose jobs do not fit (the first always runs), so no step runs
+    more rows than the budget unless it runs one request alone. Tokens are vanilla's."""
+    llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4), dtype="float64")
+    A.reset_registry()
+    cfg = EngineConfig(rule="threshold", threshold=0.6, draft_budget=budget, max_num_batched_tokens=16,
+                       **METHODS["spiffy"])
+    if budget == "auto":
+        _install_cost(llm, cfg, slope=0.06 / 8)
+    want = _batched(llm, EngineConfig(rule="threshold", threshold=0.6), PROMPTS, MAX_NEW)
+    eng = llm.engine(cfg)
+    select, deferred = eng.scheduler.select, [0]
+
+    def spy(plans):
+        chosen = select(plans)
+        assert len(chosen) == 1 or sum(j.rows for _, jobs in chosen for j in jobs) <= 16
+        deferred[0] += len(plans) - len(chosen)
+        return chosen
+    eng.scheduler.select = spy
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+    outs = {}
+    while eng.has_unfinished():
+        outs.update((d.request_id, d.output) for d in eng.step() if d.finished)
+    assert [outs[r].token_ids for r in ids] == [w.token_ids for w in want]
+    assert deferred[0] > 0 and sum(outs[r].stats.extra["drafts_verified"] for r in ids) > 0
 
 
 # ---------------------------------------------------------------------------- fixed budgets

@@ -43,7 +43,8 @@ refuses). Host only: integers and floats, no tensor is read.
 The picks are what `choose` returns (one `Pick` per request that verifies, for the engine to pass
 to `plan(req, pick)`); whatever the chooser remembers of a request between steps (its back-off,
 whether its drafts paid) is kept here by request id, and forgotten when the request ends
-(`forget`). Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their
+(`forget`). The row budget (`max_num_batched_tokens`) is not the chooser's: the scheduler alone
+enforces it, on the jobs built from the picks (scheduler.py). Causal programs (multi-branch LinearSpec) have no proposals: a fixed N caps their
 alternative drafts (their config's `draft_budget`), and under "auto" they verify their configured
 branches.
 
@@ -112,13 +113,12 @@ class BudgetChooser:
         self.acceptance = getattr(program, "acceptance", None)
         self.parents = program.draft_tree() if self.acceptance is not None else None  # fixed per program
         self.drafts = self.acceptance is not None  # the program proposes drafts (else: nothing to choose)
-        self.max_seqs, self.max_rows = config.max_num_seqs, config.max_num_batched_tokens
         self.cost: CostModel | None = None
         if self.auto and self.acceptance is not None:  # start-up calibration (or the cached one)
             W = config.block_size or 16
             nodes = len(self.parents or [0] * 8)
             self.cost = cost_model_for(model, spec, verifier or program.verifier, W,
-                                       min(self.max_rows, self.max_seqs * (1 + nodes) * W))
+                                       min(config.max_num_batched_tokens, config.max_num_seqs * (1 + nodes) * W))
         self.rho = RHO_START
         self.chosen = Counter()  # drafts verified per verification -> count (this engine)
         self.steps = 0
@@ -239,8 +239,6 @@ class BudgetChooser:
             return None
         j = max(top, key=lambda i: items[i][0])
         d = self._delta(p)
-        if F0.rows + d.rows > self.max_rows:
-            return None
         T = self.cost.predict(F0.plus(Shape(d.rows, d.attn, items[j][2], d.fold, d.fold_calls, 0, 1)), host=True)
         return j if (V0 + items[j][0]) * T0 >= (1 - EXPLORE_GAP) * V0 * T else None
 
@@ -358,7 +356,7 @@ class BudgetChooser:
               T0: float | None = None) -> list[tuple[int, int]]:
         if V0 is None:
             V0 = sum(min(self.acceptance.tau, p.masked) for _, p in live)
-        return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], self.max_rows, t0=T0)
+        return best_closure(self.cost, F0, V0, per_req, [self._delta(p) for _, p in live], t0=T0)
 
     # ------------------------------------------------------------------ after the step
     def start_step(self) -> None:
@@ -436,7 +434,7 @@ def _aligned(props: list[Proposal | None], picks: list[Pick]) -> list[Pick | Non
 
 
 def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]], deltas: list[Shape],
-                 max_rows: float = float("inf"), iterations: int = 8, t0: float | None = None) -> list[tuple[int, int]]:
+                 iterations: int = 8, t0: float | None = None) -> list[tuple[int, int]]:
     """The choice, by Dinkelbach's method for ratios: with λ the best step ratio found so far (start:
     no drafts, V0 / T0), every item weighs (expected tokens) - λ·(marginal seconds at the current
     choice), and the heaviest set closed under parents is found per request by one pass over its
@@ -462,25 +460,22 @@ def best_closure(c: CostModel, F0: Shape, V0: float, per_req: list[list[tuple]],
     live = [k for k, items in enumerate(per_req) if items]
     if len(live) == 1:
         k = live[0]
-        got = _one_tree(c, S0, V0, T0, per_req[k], dd[k], deltas[k].fold or deltas[k].rows, max_rows)
+        got = _one_tree(c, S0, V0, T0, per_req[k], dd[k])
         if got is not None:
             return [(k, j) for j in got]
     every = [(k, j) for k, items in enumerate(per_req) for j in range(len(items))]
-    if max_rows != float("inf") and F0.rows + sum((d.fold or d.rows) * len(it) for d, it in zip(deltas, per_req)) <= max_rows:
-        max_rows = float("inf")  # every draft fits (rows are whole numbers): no subset needs cutting
-    every = _fit(every, per_req, deltas, F0.rows, max_rows)
     G, V = _shape(S0, V0, every, per_req, dd)
     best, chosen = V0 / T0, []
     rG = V / _t(c, G)
     if rG > best:
         best, chosen = rG, every
-    r, pre, P = _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas)
+    r, pre, P = _best_prefix(c, S0, V0, T0, per_req, dd)
     if r > best:
         best, chosen = r, pre
     # Dinkelbach linearised at no drafts, at every draft and at the best prefix (f is sub-linear:
     # rows are cheaper in bulk, so the linearisation point matters)
     for start in (S0, G, P):
-        best, chosen = _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, start, best, chosen)
+        best, chosen = _dinkelbach(c, S0, V0, per_req, dd, iterations, start, best, chosen)
     return chosen
 
 
@@ -515,7 +510,7 @@ def _t(c: CostModel, s: tuple) -> float:
     return model_seconds(c, rows, attn, head, fold, fc) + host_seconds(c, jobs, drafts, made)
 
 
-def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, list[tuple[int, int]], tuple]:
+def _best_prefix(c, S0, V0, T0, per_req, dd) -> tuple[float, list[tuple[int, int]], tuple]:
     """Items in an order whose every prefix is closed (groups of parent + denser descendants, sorted
     by density at the base shape, each in list order) -> the best exact ratio over its prefixes,
     that prefix and its shape."""
@@ -532,7 +527,7 @@ def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, l
             for j in members:
                 order.append((-g_v / g_c, k, members[0], j))
     order.sort()
-    pick = _fit([(k, j) for _, k, _, j in order], per_req, deltas, rows0, max_rows)
+    pick = [(k, j) for _, k, _, j in order]
     best, best_n, best_s = V0 / T0, 0, S0
     for n, (s, V) in enumerate(_prefixes(S0, V0, pick, per_req, dd), start=1):
         r = V / _t(c, s)
@@ -541,8 +536,7 @@ def _best_prefix(c, S0, V0, T0, per_req, dd, max_rows, deltas) -> tuple[float, l
     return best, pick[:best_n], best_s
 
 
-def _one_tree(c, S0: tuple, V0: float, T0: float, items: list[tuple], d: tuple, row_cost: float,
-              max_rows: float) -> list[int] | None:
+def _one_tree(c, S0: tuple, V0: float, T0: float, items: list[tuple], d: tuple) -> list[int] | None:
     """One request's items (a tree in list order, parents first: FreeDave's chain, a Spiffy graph)
     -> the indices of its exact best closed set, ascending; None where the tree left after pruning
     still has more than TREE_SETS closed sets (the caller's linearisations then run).
@@ -561,10 +555,6 @@ def _one_tree(c, S0: tuple, V0: float, T0: float, items: list[tuple], d: tuple, 
     keep = _keep(items, floor, c.c_head, V0 / T0)
     if _closed_sets(items, keep) > TREE_SETS:
         return None
-    fits, rows = [True], rows0  # fits[m]: m drafts within the row budget (accumulated as `_fit` does)
-    for _ in range(n):
-        rows += row_cost
-        fits.append(rows <= max_rows)
     order = [j for j in range(n) if keep[j]]
     taken = [False] * n
     best = [V0 / T0, []]
@@ -579,7 +569,7 @@ def _one_tree(c, S0: tuple, V0: float, T0: float, items: list[tuple], d: tuple, 
         visit(pos + 1, s, V, m)
         j = order[pos]
         v, par, h = items[j]
-        if (par < 0 or taken[par]) and fits[m + 1]:
+        if par < 0 or taken[par]:
             rows_, attn, head, fold, fc, jobs, drafts, made = s
             taken[j] = True
             visit(pos + 1, (rows_ + d_rows, attn + d_attn, head + h, fold + d_fold, d_fc if d_fc > fc else fc, jobs,
@@ -650,7 +640,7 @@ def _groups(items: list[tuple], cost: list[float]) -> list[tuple[float, float, l
     return [(val[g], sec[g], mem[g]) for g in range(len(items)) if head[g] == g]
 
 
-def _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, F, best, chosen):
+def _dinkelbach(c, S0, V0, per_req, dd, iterations, F, best, chosen):
     c_head = c.c_head
     for _ in range(iterations):
         pick = []
@@ -677,7 +667,6 @@ def _dinkelbach(c, S0, V0, per_req, dd, deltas, max_rows, iterations, F, best, c
                 if worth[j] > 0 and (par < 0 or par in taken):
                     taken.add(j)
                     pick.append((k, j))
-        pick = _fit(pick, per_req, deltas, S0[0], max_rows)
         G, V = _shape(S0, V0, pick, per_req, dd)
         r = V / _t(c, G)
         if r <= best * (1 + 1e-12):
@@ -711,19 +700,3 @@ def _prefixes(S0: tuple, V0: float, pick, per_req, dd):
         V += v
         yield (rows, attn, head, fold, fc, jobs, drafts, made), V
 
-
-def _fit(pick, per_req, deltas, rows0: float, max_rows: float):
-    """The pick cut to the row budget: drafts in list order, per request in turn (closed)."""
-    if max_rows == float("inf") or not pick:
-        return pick
-    rows = rows0 + sum((deltas[k].fold or deltas[k].rows) for k, _ in pick)
-    if rows <= max_rows:
-        return pick
-    out, rows = [], rows0
-    for k, j in pick:
-        r = deltas[k].fold or deltas[k].rows
-        if rows + r <= max_rows:
-            out.append((k, j))
-            rows += r
-    keep = set(out)
-    return [(k, j) for k, j in out if per_req[k][j][1] < 0 or (k, per_req[k][j][1]) in keep]

@@ -5,7 +5,9 @@ Rules (EngineConfig documents the knobs):
   refuses a request (`EngineFull`) when `max_num_seqs + max_waiting` are already held;
 - a step runs the pending forwards of running requests in arrival order while their token rows
   (branches × window) fit `max_num_batched_tokens`; the first always runs, so a step never stalls;
-  a request whose jobs do not fit is planned again next step (planning is pure);
+  a request whose jobs do not fit is planned again next step (planning is pure). This is the one
+  place the row budget is enforced: the draft budget chooser picks drafts without it, so under
+  "auto" as under a fixed budget a pick that does not fit defers its request;
 Scheduling changes which forwards share a call, never the tokens: rows of different forwards never
 interact.
 """
