@@ -42,3 +42,10 @@ bud=(--checkpoints "$work/tiny-0.5b" --device cuda --rules native --batches 1,16
 [ "${QUICK:-0}" = 1 ] && bud=(--checkpoints "$work/tiny-0.5b" --device cpu --rules static --batches 1 --n 1 --rounds 1
      --max-new-tokens 16 --budgets auto,0 --methods spiffy)
 XDG_CACHE_HOME="$OUT/cache" $PY benchmarks/draft_budgets.py "${bud[@]}" --out "$OUT/draft_budgets.json" 2>&1 | tee "$OUT/draft_budgets.log"
+# Tensor parallelism (issue 40): NOT RUN HERE, and not run by this script. It needs a machine with at
+# least 2 GPUs (the lent machines have one); uncomment there. Same script as the CPU table in
+# BENCHMARKS "Tensor parallelism": tp2 = two ranks, one GPU each (NCCL); 1r1t / 1r2t = one GPU (their
+# thread counts only set the host threads). On CUDA the all-reduce share it reports is only the time
+# to enqueue the collective (NCCL's wait() does not block the host); the tokens/s are end to end.
+# $PY benchmarks/tensor_parallel.py --model "$work/tiny-0.5b" --device cuda --configs tp2,1r1t --units 4 \
+#     --methods vanilla,spiffy --out "$OUT/tensor_parallel.json" 2>&1 | tee "$OUT/tensor_parallel.log"
