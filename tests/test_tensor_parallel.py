@@ -33,8 +33,8 @@ METHODS = {
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    one = LLM("tiny", dtype="float64")
+def tiny(tiny_llm64):
+    one = tiny_llm64
     two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
     yield one, two
     two.close()
@@ -273,3 +273,33 @@ def test_calibration_runs_on_the_ranks_too(tiny):
     base = DecodeParams(chat_template=True, max_new_tokens=24, rule="static", method="spiffy")
     g1, g2 = calibrate(one, QUESTIONS, base, branches=5), calibrate(two, QUESTIONS, base, branches=5)
     assert len(g1) == 5 and g2.nodes == g1.nodes
+
+
+def _rank_shards(path, ov, ep: bool, dtype=torch.float32):
+    from specfold.models.loader import load_model
+    from specfold.models.parallel import Parallel
+    return [load_model(path, dtype, "cpu", ov, None, Parallel(r, 2, ep))[0] for r in range(2)]
+
+
+@pytest.mark.parametrize("case", ["tiny", "llada2_tp", "llada2_ep", "sdar_moe_ep"])
+def test_shards_put_together_are_the_model_and_own_no_more(moe_checkpoints, case):
+    """Each rank's shard, loaded in the checkpoint's own dtype (float32: no cast that would copy):
+    the shards put back together along their split are the one-rank model's weights, and each rank's
+    parameter storage is exactly its share (the replicated tensors whole, the rest halved)."""
+    from specfold.models.loader import load_model, tiny_path
+    from specfold.models.parallel import Parallel, shard
+    path, ov, _ = (tiny_path(), None, None) if case == "tiny" else moe_checkpoints[case.rsplit("_", 1)[0]]
+    ep = case.endswith("_ep")
+    full = dict(load_model(path, torch.float32, "cpu", ov)[0].named_parameters())
+    ranks = [dict(m.named_parameters()) for m in _rank_shards(path, ov, ep)]
+    split = 0
+    for name, w in full.items():
+        cut = shard(name, tuple(w.shape), Parallel(0, 2, ep))
+        if cut is None:
+            assert all(torch.equal(r[name], w) for r in ranks), name
+        else:
+            split += w.numel() * w.element_size()
+            assert torch.equal(torch.cat([r[name] for r in ranks], dim=cut[0]), w), name
+    want = sum(w.numel() * w.element_size() for w in full.values()) - split // 2
+    assert [sum(p.untyped_storage().nbytes() for p in r.values()) for r in ranks] == [want, want]
+    assert split > 0.5 * sum(w.numel() * w.element_size() for w in full.values())

@@ -7,14 +7,17 @@ an expert's tensor filling slot e of a stacked `layers.{i}.moe.w_*`). Invariants
 every parameter (every expert slot) of the model must be found (else CheckpointError naming the
 missing ones); shapes must match; tensors are read one at a time straight into the model's dtype
 and device. Under tensor/expert parallelism (`par`, models/parallel.py) each tensor is read as the
-slice this rank holds (`safe_open(...).get_slice`), and an expert another rank holds is not read at
-all: no rank materialises the full model (LLaDA2's fused q/k/v of one layer, and its q/k norms, are
+slice this rank holds, copied out of a memory map of the file (`Mapped`: only the pages of the
+slice are read, and the copy owns no more than the slice), and an expert another rank holds is not
+read at all: no rank materialises the full model (LLaDA2's fused q/k/v of one layer, and its q/k norms, are
 read whole and split, one layer's tensor at a time).
 """
 from __future__ import annotations
 
 
 import json
+import math
+import mmap
 import os
 import re
 import warnings
@@ -143,9 +146,9 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     unused = []
     for f in files:
         try:
-            with safe_open(str(f), framework="pt", device="cpu") as sf:
+            with safe_open(str(f), framework="pt", device="cpu") as sf, Mapped(f) as mapped:
                 for name in sf.keys():
-                    pieces = _pieces(name, sf, spec, params, par)
+                    pieces = _pieces(name, sf, spec, params, par, mapped)
                     if pieces is None:  # an expert another rank holds
                         continue
                     if not pieces and not name.endswith("inv_freq"):
@@ -175,7 +178,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     return model, spec, config
 
 
-def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -> list[tuple[str, torch.Tensor]] | None:
+def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE,
+            mapped: "Mapped | None" = None) -> list[tuple[str, torch.Tensor]] | None:
     """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has: this
     rank's slice of each, an expert slot renumbered among the experts the rank holds (None: an
     expert another rank holds, not read)."""
@@ -195,7 +199,7 @@ def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE) -
         if local is None:
             elsewhere = True
         else:
-            out.append((local, _read(sf.get_slice(name), local, par)))
+            out.append((local, _read(sf, mapped, name, local, par)))
     return None if elsewhere and not out else out
 
 
@@ -208,14 +212,50 @@ def _local_slot(canon: str, params: dict, par: Parallel) -> str | None:
     return f"{base}[{e - lo}]" if lo <= e < hi else None
 
 
-def _read(sl, canon: str, par: Parallel) -> torch.Tensor:
-    """This rank's slice of a checkpoint tensor (a safetensors slice: only that part is read)."""
-    shape = tuple(sl.get_shape())
-    cut = _cut(canon, shape, par)
-    if cut is None:
-        return sl[:]
-    dim, a, b = cut
-    return sl[(slice(None),) * dim + (slice(a, b),)]
+def _read(sf, mapped: "Mapped | None", name: str, canon: str, par: Parallel) -> torch.Tensor:
+    """This rank's slice of a checkpoint tensor (the whole tensor when it is replicated)."""
+    cut = _cut(canon, tuple(sf.get_slice(name).get_shape()), par)
+    if cut is None or mapped is None:
+        return sf.get_tensor(name)
+    return mapped.slice(name, *cut)
+
+
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool}
+
+
+class Mapped:
+    """A safetensors file mapped into memory (copy-on-write, never written): `slice(name, dim, a, b)`
+    copies rows [a, b) along `dim` of one tensor out of the mapping, so only their pages are read
+    (safetensors' own slicing reads the whole tensor first)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.file = open(path, "rb")
+        self.mm = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_COPY)
+        n = int.from_bytes(self.mm[:8], "little")
+        self.header = json.loads(self.mm[8: 8 + n])
+        self.base = 8 + n
+
+    def slice(self, name: str, dim: int, a: int, b: int) -> torch.Tensor:
+        info = self.header[name]
+        dtype = _ST_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{self.path.name}: tensor {name!r} has dtype {info['dtype']}, which specfold "
+                                  f"cannot split across ranks (accepted: {sorted(_ST_DTYPES)})")
+        shape, (start, _) = info["shape"], info["data_offsets"]
+        if not math.prod(shape):
+            return torch.empty(shape, dtype=dtype).narrow(dim, a, b - a)
+        full = torch.frombuffer(self.mm, dtype=dtype, count=math.prod(shape), offset=self.base + start)
+        return full.view(shape).narrow(dim, a, b - a).clone()
+
+    def __enter__(self) -> "Mapped":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mm.close()
+        self.file.close()
 
 
 def _narrow(canon: str, t: torch.Tensor, par: Parallel) -> torch.Tensor:
