@@ -1,7 +1,8 @@
 """`LLM`: load a checkpoint once, then `generate(prompts, params)` like vLLM.
 
     llm = LLM("tiny", config=EngineConfig(method="spiffy"))      # or engine fields as keywords
-    outs = llm.generate(prompts, SamplingParams(max_new_tokens=64))
+    outs = llm.generate(prompts, SamplingParams(max_new_tokens=64))   # prompts as given
+    outs = llm.chat([{"role": "user", "content": q}], SamplingParams(max_new_tokens=64))  # chat template
 
 `generate` adds every prompt to an `Engine` and steps it until all are done (continuous batching:
 prompts join as running ones finish). With `DecodeParams` (the all-in-one convenience) it splits
@@ -15,6 +16,7 @@ truncated. Each request has its own prefix cache; stats are returned per request
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import OrderedDict
 from types import SimpleNamespace
@@ -99,7 +101,6 @@ class LLM:
         if config is not None and engine_kw:
             raise ParamsError("pass either config=EngineConfig(...) or engine fields as keywords, not both")
         if config is None:
-            import dataclasses
             unknown = set(engine_kw) - {f.name for f in dataclasses.fields(EngineConfig)}
             if unknown:
                 raise ParamsError(f"unknown engine setting(s) {sorted(unknown)}; accepted: "
@@ -161,6 +162,11 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Decode every prompt (batched); `params` is one SamplingParams, one per prompt, or a
         DecodeParams (engine settings for this call included)."""
+        return _drain(*self._prepare(prompts, params), use_tqdm)
+
+    def _prepare(self, prompts, params) -> tuple:
+        """`generate`'s work before the first forward: (engine, prompts, token ids, SamplingParams
+        and EngineConfig per prompt), every prompt encoded and validated (the CLI reports here)."""
         if isinstance(prompts, str) or (isinstance(prompts, Sequence) and prompts
                                         and all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
@@ -182,7 +188,33 @@ class LLM:
             engine = self._engine
         encoded = [self.encode(pr, p) for pr, p in zip(prompts, per)]
         configs = [engine.validate(ids, p) for ids, p in zip(encoded, per)]  # every prompt, before any forward
-        return _drain(engine, prompts, encoded, per, configs, use_tqdm)
+        return engine, prompts, encoded, per, configs
+
+    def chat(self, messages: Sequence[dict] | Sequence[Sequence[dict]],
+             params: SamplingParams | DecodeParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """Decode conversations through the checkpoint's chat template (vLLM's split: `generate`
+        takes prompts as given). `messages` is one conversation, a list of {"role", "content"}
+        dicts, or a list of conversations; one RequestOutput per conversation, in order, whose
+        `prompt` is the templated text. `params` as in `generate` (its `chat_template` is not read:
+        the template is applied here, once)."""
+        conversations = _conversations(messages)
+        if self.tokenizer is None:
+            raise ParamsError(f"chat() needs a tokenizer: {str(self.path)!r} has no tokenizer.json (pass "
+                              f"token-id prompts to generate() instead)")
+        from jinja2.exceptions import TemplateError
+        try:
+            texts = [self.tokenizer.apply_chat_template(c) for c in conversations]
+        except TemplateError as e:
+            raise ParamsError(f"the model's chat template refused these messages: {e}") from None
+        if params is None:
+            params = SamplingParams()
+        if isinstance(params, (SamplingParams, DecodeParams)):
+            params = dataclasses.replace(params, chat_template=False)
+        elif isinstance(params, Sequence):
+            params = [dataclasses.replace(p, chat_template=False) if isinstance(p, SamplingParams) else p
+                      for p in params]
+        return self.generate(texts, params, use_tqdm=use_tqdm)
 
 
     def _engine_for(self, config: EngineConfig) -> Engine:
@@ -216,6 +248,30 @@ class Decoder:
                                leader=self.llm.leader)  # tensor parallelism: the other ranks replay its steps
         out = Engine(host, self.config, program=program).run_one(prompt, self.sampling)
         return out.token_ids, out.finish_reason, out.stats
+
+
+def _conversations(messages) -> list[list[dict]]:
+    """`chat`'s argument as a list of conversations, or one ParamsError line saying what is wrong."""
+    what = "chat() takes a conversation (a list of {'role': str, 'content': str} dicts) or a list of them"
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ParamsError(f"{what}, got {type(messages).__name__}")
+    if not messages:
+        raise ParamsError(f"{what}, got an empty list")
+    single = isinstance(messages[0], dict)
+    conversations = [messages] if single else list(messages)
+    for i, conv in enumerate(conversations):
+        where = "the conversation" if single else f"conversation {i}"
+        if isinstance(conv, (str, bytes, dict)) or not isinstance(conv, Sequence):
+            raise ParamsError(f"{what}; {where} is a {type(conv).__name__}")
+        if not conv:
+            raise ParamsError(f"{what}; {where} is empty")
+        for j, m in enumerate(conv):
+            if not isinstance(m, dict):
+                raise ParamsError(f"{what}; message {j} of {where} is a {type(m).__name__}")
+            bad = [k for k in ("role", "content") if not isinstance(m.get(k), str)]
+            if bad:
+                raise ParamsError(f"{what}; message {j} of {where} has no string {' or '.join(repr(k) for k in bad)}")
+    return [list(c) for c in conversations]
 
 
 def _drain(engine: Engine, prompts: list, encoded: list[list[int]], per: list[SamplingParams],

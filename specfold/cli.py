@@ -52,9 +52,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print("error: give --prompt TEXT, --prompt-ids IDS or --prompt-file FILE (a file with at least one "
               "non-empty line)", file=sys.stderr)
         return EXIT_USAGE
+    from specfold.api import _drain
     llm = llm_from_args(a)
     llm.engine_config = config
-    outs = llm.generate(prompts, sampling, use_tqdm=len(prompts) > 1 and not a.json)
+    job = llm._prepare(prompts, sampling)  # every prompt encoded and validated: no error line can follow
+    print(template_line(sampling.chat_template and llm.tokenizer is not None), file=sys.stderr)
+    outs = _drain(*job, use_tqdm=len(prompts) > 1 and not a.json)
     for o in outs:
         if a.json:
             print(json.dumps({"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,
@@ -63,6 +66,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(o.text if llm.tokenizer is not None else " ".join(map(str, o.token_ids)))
             print(stats_line(o.stats), file=sys.stderr if a.quiet_stats else sys.stdout)
     return 0
+
+
+def template_line(applied: bool) -> str:
+    """`generate`'s first stderr line: whether the prompts go through the chat template."""
+    return ("applying the chat template (--no-chat-template sends the prompt as is)" if applied
+            else "sending the prompt as is")
 
 
 def rule_label(p) -> str:

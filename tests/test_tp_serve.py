@@ -48,6 +48,8 @@ ENGINE = dict(method="specfold", delta=0.0, draft_budget=2, rule="static")  # fo
 MAX_TOKENS = 32
 KILL_BOUND_S = 60.0  # the bound: a dead rank is one line within 60 s
 LINE = "tensor-parallel rank 1 was killed by SIGKILL; the request set is ended (restart to continue)"
+from specfold.cli import template_line  # noqa: E402
+STARTED = template_line(True)  # generate's first stderr line: the prompts go through the chat template
 
 
 def _env() -> dict:
@@ -309,7 +311,7 @@ def test_killing_the_rank_of_specfold_generate_is_one_line(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert p.returncode == 2 and took < KILL_BOUND_S, (p.returncode, took, stderr[-3000:])
-    assert stderr.strip().splitlines() == [f"error: {LINE}"], stderr[-3000:]  # mid-run: not "while starting"
+    assert stderr.strip().splitlines() == [STARTED, f"error: {LINE}"], stderr[-3000:]  # mid-run: not "while starting"
     assert stdout == "" and _in_group(p.pid) == []
 
 
@@ -323,5 +325,5 @@ def test_ctrl_c_stops_every_rank_of_specfold_generate(tmp_path):
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
     assert p.returncode == 130, stderr[-3000:]
-    assert stderr.strip().splitlines() == ["interrupted"] and stdout == ""
+    assert stderr.strip().splitlines() == [STARTED, "interrupted"] and stdout == ""
     assert not _alive(rank) and _in_group(p.pid) == []  # the rank, and anything else the command started
