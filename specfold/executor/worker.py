@@ -38,7 +38,7 @@ def run_rank(rank: int, size: int, addr: str, port: int, gpu: int | None = None)
     """Rank `rank` of `size`: its load arguments come from the store rank 0 hosts at addr:port. On CUDA
     it runs on GPU `gpu` (default: GPU `rank`; a Ray actor sees only its own GPU, 0)."""
     import pickle
-    from specfold.engine.mirror import Follower
+    from specfold.executor.follower import Follower
     from specfold.executor.groups import Channel, connect, store
     from specfold.models.loader import load_model
     from specfold.models.parallel import Parallel, parameter_bytes

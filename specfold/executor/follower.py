@@ -1,0 +1,98 @@
+"""Ranks 1..N-1 of a tensor-parallel group: replay rank 0's device work on this rank's shard
+(engine/mirror.py says what crosses and why). A `Follower` holds the model shard, one runner per
+engine of rank 0, and the caches and hidden states rank 0's jobs refer to: no request, program or
+scheduler.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from specfold.decoding.jobs import HiddenRows
+from specfold.engine.engine import build_program
+from specfold.engine.graphs import static_parts
+from specfold.engine.mirror import CacheRef, HiddenRef
+from specfold.engine.runner import ModelRunner
+from specfold.models.forward import Forward
+from specfold.models.pool import SlotCache
+
+
+class Follower:
+    """A rank's replay loop: its shard of the model, one runner per engine of rank 0, the caches and
+    hidden states rank 0's jobs refer to. No request, program or scheduler."""
+
+    def __init__(self, model, spec):
+        self.model, self.spec = model, spec
+        self.check = os.environ.get("SPECFOLD_TP_CHECK") == "1"
+        self.channel = None
+        self.runners: dict[int, object] = {}
+        self.pools: dict[int, object] = {}
+        self.caches: dict[int, object] = {}
+        self.hidden: dict[tuple[int, int], list] = {}
+
+    def serve(self, channel) -> None:
+        """Replay messages until rank 0 says stop (or the channel breaks: the caller's concern)."""
+        self.channel = channel
+        with torch.inference_mode():
+            while True:
+                msg = channel.recv()
+                if msg[0] == "stop":
+                    return
+                self.handle(*msg)
+
+    def handle(self, kind: str, key: int, n: int, drops: list, *payload) -> None:
+        for what, ref in drops:
+            {"cache": self.caches, "hidden": self.hidden, "engine": self.runners}[what].pop(ref, None)
+            if what == "engine":
+                self.pools.pop(ref, None)
+        if kind == "engine":
+            self._engine(key, payload[0])
+        elif kind == "run":
+            fold_roots, wire = payload
+            runner = self.runners[key]
+            runner.fold_roots = fold_roots
+            jobs = [dataclasses.replace(j, cache=self._cache(j.cache), hidden=self._hidden(j.hidden)) for j in wire]
+            results = runner.run(jobs)
+            if self.check:
+                self.channel.digests([r.stats for r in results])
+            for i, r in enumerate(results):
+                if r.hidden is not None:
+                    self.hidden[(n, i)] = r.hidden
+        elif kind == "call":
+            method, wire = payload
+            runner = self.runners[key]
+            target = self.model if method == "forward_many" else runner.verifier
+            getattr(target, method)([self._forward(f) for f in wire])
+        else:
+            raise RuntimeError(f"internal error: unknown tensor-parallel message {kind!r}")
+
+    def _engine(self, key: int, config) -> None:
+        program = build_program(self.model, self.spec, config)
+        pool, static = static_parts(self.model, config)
+        runner = ModelRunner(self.model, program.verifier, self.spec.mask_token_id, static)
+        runner.reads = False  # rank 0 reads
+        self.runners[key], self.pools[key] = runner, pool
+
+    def _cache(self, ref: CacheRef | None):
+        if ref is None:
+            return None
+        c = self.caches.get(ref.id)
+        if c is None:
+            if ref.pool is not None:
+                c = SlotCache(self.pools[ref.pool], ref.slot)
+            else:
+                c = self.model.new_cache(ref.capacity)
+            self.caches[ref.id] = c
+        c.length = ref.length
+        return c
+
+    def _hidden(self, ref: HiddenRef | None) -> HiddenRows | None:
+        return None if ref is None else HiddenRows(self.hidden[ref.ref], ref.branch, ref.start, ref.stop)
+
+    def _forward(self, d: dict) -> Forward:
+        dev = self.model.device
+        d = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
+        d["cache"] = self._cache(d["cache"])
+        return Forward(**d)
