@@ -248,6 +248,49 @@ async def stream(group, req: GenRequest, model: str, n_items: int, prompt_tokens
     yield "data: [DONE]\n\n"
 
 
+async def generate(service: Service, request, chat: bool):
+    """One /v1/completions (`chat` False) or /v1/chat/completions request: read and validate the
+    body, template and tokenize it in a worker thread, submit its group to the runner, then stream
+    the deltas (SSE) or collect them into one JSON response."""
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.background import BackgroundTask
+    config = service.config
+    arrival = time.monotonic()
+    raw = await read_body(request, config.max_body_bytes)  # 413 before an oversized body is read
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise bad(None, f"the request body is not valid JSON: {e}", code="invalid_json") from None
+    req = parse_request(body, chat)
+    service.check_model(req.model)
+    items, prompt_tokens = await asyncio.to_thread(service.items, req)  # templating and tokenizing
+    group = service.runner.submit(items, stream=req.stream)
+    try:
+        await group.started()
+    except asyncio.CancelledError:
+        group.close()
+        raise
+    except Exception as e:
+        raise engine_error(e) from None
+    tracker = service.metrics.track(arrival, [len(ids) for ids, _ in items])
+    if req.stream:
+        # background: closes the group even when the client leaves before the first chunk
+        events = stream(group, req, config.model_name, len(items), prompt_tokens, tracker, service)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(_close, group, tracker))
+    try:
+        got = await collect(group, request, len(items), tracker)
+    except Exception as e:
+        raise engine_error(e) from None
+    if got is None:  # the client left; nobody reads this
+        return JSONResponse({}, status_code=499)
+    texts, reasons, ids, lps = got
+    choices = [choice(chat, i, t, r, service.logprobs(req, ids[i], lps[i])[0])
+               for i, (t, r) in enumerate(zip(texts, reasons))]
+    return JSONResponse(envelope(new_id(chat), chat, config.model_name, choices, stream=False,
+                                 usage_=usage(prompt_tokens, sum(len(x) for x in ids))))
+
+
 # ---------------------------------------------------------------------------------- the app
 def create_app(llm, engine, config: ServeConfig, runner=None):
     """The app around an Engine (stepped in a background thread started with the app), or around
@@ -257,8 +300,7 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
 
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
-    from starlette.background import BackgroundTask
+    from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     service = Service(llm, runner if runner is not None else EngineRunner(engine), config)
@@ -295,49 +337,13 @@ def create_app(llm, engine, config: ServeConfig, runner=None):
         return JSONResponse(ApiError(500, "internal server error", code="internal_error",
                                      type="server_error").body(), status_code=500)
 
-    async def generate(request: Request, chat: bool):
-        arrival = time.monotonic()
-        raw = await read_body(request, config.max_body_bytes)  # 413 before an oversized body is read
-        try:
-            body = json.loads(raw)
-        except ValueError as e:
-            raise bad(None, f"the request body is not valid JSON: {e}", code="invalid_json") from None
-        req = parse_request(body, chat)
-        service.check_model(req.model)
-        items, prompt_tokens = await asyncio.to_thread(service.items, req)  # templating and tokenizing
-        group = service.runner.submit(items, stream=req.stream)
-        try:
-            await group.started()
-        except asyncio.CancelledError:
-            group.close()
-            raise
-        except Exception as e:
-            raise engine_error(e) from None
-        tracker = service.metrics.track(arrival, [len(ids) for ids, _ in items])
-        if req.stream:
-            # background: closes the group even when the client leaves before the first chunk
-            events = stream(group, req, config.model_name, len(items), prompt_tokens, tracker, service)
-            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                     background=BackgroundTask(_close, group, tracker))
-        try:
-            got = await collect(group, request, len(items), tracker)
-        except Exception as e:
-            raise engine_error(e) from None
-        if got is None:  # the client left; nobody reads this
-            return JSONResponse({}, status_code=499)
-        texts, reasons, ids, lps = got
-        choices = [choice(chat, i, t, r, service.logprobs(req, ids[i], lps[i])[0])
-                   for i, (t, r) in enumerate(zip(texts, reasons))]
-        return JSONResponse(envelope(new_id(chat), chat, config.model_name, choices, stream=False,
-                                     usage_=usage(prompt_tokens, sum(len(x) for x in ids))))
-
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await generate(request, chat=False)
+        return await generate(service, request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await generate(request, chat=True)
+        return await generate(service, request, chat=True)
 
     def model_card() -> dict:
         return {"id": config.model_name, "object": "model", "created": 0, "owned_by": "specfold"}
