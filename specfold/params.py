@@ -23,7 +23,9 @@ RULES = ("static", "threshold", "sub_block", "dynamic", "llada", "dream", "llada
 CONFIDENCES = ("max_prob", "margin", "neg_entropy")
 
 
+# The limits of a request, the same in the API, the CLI and the server (serve/protocol.py reads these):
 MAX_LOGPROBS = 20  # SamplingParams.logprobs: most alternatives per token (vLLM's default max_logprobs)
+MAX_TEMPERATURE = 2.0  # OpenAI's range for temperature: [0, 2]
 MAX_SEED = 2**63  # seeds are in [0, MAX_SEED): the one rule of the API, the CLI and the server
 
 
@@ -66,8 +68,8 @@ class SamplingParams:
         _int("max_new_tokens", self.max_new_tokens, 1)
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise ParamsError(f"temperature must be a number, got {self.temperature!r}")
-        if not self.temperature >= 0:
-            raise ParamsError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ParamsError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {self.temperature}")
         self.temperature = float(self.temperature)
         if self.seed is not None and seed_error(self.seed):
             raise ParamsError(seed_error(self.seed))

@@ -32,8 +32,8 @@ def serve(llm, max_tokens=64, **engine):
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny")
+def llm(tiny_llm):
+    return tiny_llm
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ MALFORMED = [  # (path, raw body or JSON, status, param)
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": "x"},
      400, "seed"),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
-      "top_logprobs": 6}, 400, "top_logprobs"),
+      "top_logprobs": 21}, 400, "top_logprobs"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
     ("/v1/chat/completions", {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
     ("/v1/completions", {"model": "tiny", "prompt": "x", "graph": "/etc/passwd"}, 400, "graph"),
@@ -214,6 +214,7 @@ def test_wrong_method_and_client_errors(server, client):
 
 
 # ---------------------------------------------------------------------------------- load
+@pytest.mark.slow
 def test_sixteen_concurrent_clients(llm, server, client):
     before = health(server)
     want = {q: chat_reference(llm, q, max_new_tokens=32).text for q in (Q1, Q2)}

@@ -13,7 +13,6 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
 
-from specfold import LLM  # noqa: E402
 from specfold.engine.engine import Engine  # noqa: E402
 from specfold.params import EngineConfig, SamplingParams  # noqa: E402
 from specfold.serve.app import ServeConfig, create_app  # noqa: E402
@@ -25,8 +24,8 @@ P = "Anna has 5 shells. She loses 2 shells."
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny")
+def llm(tiny_llm):
+    return tiny_llm
 
 
 @pytest.fixture(scope="module")
@@ -133,11 +132,11 @@ def test_completions_n_choices_sampled(llm, server):
 
 
 @pytest.mark.parametrize("path,extra,param,words", [
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 6}, "top_logprobs", "integer in [0, 5]"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "integer in [0, 20]"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
     ("/v1/chat/completions", {"logprobs": 3}, "logprobs", "true or false"),
-    ("/v1/completions", {"logprobs": 6}, "logprobs", "integer in [0, 5]"),
-    ("/v1/completions", {"logprobs": True}, "logprobs", "integer in [0, 5]"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs", "integer in [0, 20]"),
+    ("/v1/completions", {"logprobs": True}, "logprobs", "integer in [0, 20]"),
 ])
 def test_bad_values_are_one_400(server, path, extra, param, words):
     base = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]} if "chat" in path else \

@@ -84,14 +84,14 @@ BAD = [
     (False, {"stream": True, "stream_options": {"x": True}}, "stream_options", "accepts only"),
     (False, {"stream_options": {"include_usage": True}}, "stream_options", "only allowed with"),
     (False, {"user": 5}, "user", "string"),
-    (False, {"logprobs": 6}, "logprobs", "integer in [0, 5]"),
-    (False, {"logprobs": -1}, "logprobs", "integer in [0, 5]"),
-    (False, {"logprobs": True}, "logprobs", "integer in [0, 5]"),
-    (False, {"logprobs": "2"}, "logprobs", "integer in [0, 5]"),
+    (False, {"logprobs": 21}, "logprobs", "integer in [0, 20]"),
+    (False, {"logprobs": -1}, "logprobs", "integer in [0, 20]"),
+    (False, {"logprobs": True}, "logprobs", "integer in [0, 20]"),
+    (False, {"logprobs": "2"}, "logprobs", "integer in [0, 20]"),
     (False, {"top_logprobs": 2}, "top_logprobs", "completions take 'logprobs': N"),
     (True, {"logprobs": 1}, "logprobs", "true or false"),
-    (True, {"logprobs": True, "top_logprobs": 6}, "top_logprobs", "integer in [0, 5]"),
-    (True, {"logprobs": True, "top_logprobs": True}, "top_logprobs", "integer in [0, 5]"),
+    (True, {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "integer in [0, 20]"),
+    (True, {"logprobs": True, "top_logprobs": True}, "top_logprobs", "integer in [0, 20]"),
     (True, {"top_logprobs": 2}, "top_logprobs", "needs 'logprobs': true"),
     (True, {"logprobs": False, "top_logprobs": 3}, "top_logprobs", "needs 'logprobs': true"),
     (False, {"echo": True}, "echo", "not supported"),
@@ -135,3 +135,46 @@ def test_unknown_field_lists_the_accepted_ones():
     with pytest.raises(ApiError) as e:
         parse_request(dict(CHAT, graph="/etc/passwd"), chat=True)
     assert "'messages'" in e.value.message and "'seed'" in e.value.message
+
+
+# the limits of a request are one set (specfold/params.py): a value the API refuses, the server refuses
+# (400), and the CLI refuses (one line, exit 2); a value one accepts, all accept
+LIMITS = [("temperature", v) for v in (0, 0.7, 2, 2.0001, 2.5, -0.1)] + \
+         [("seed", v) for v in (0, 12, 2**63 - 1, 2**63, -1)] + \
+         [("logprobs", v) for v in (0, 5, 20, 21, -1)]
+
+
+@pytest.mark.parametrize("field,value", LIMITS)
+def test_the_api_and_the_server_refuse_the_same_values(field, value):
+    from specfold import SamplingParams
+    from specfold.errors import ParamsError
+    try:
+        SamplingParams(**{field: value})
+        api_ok = True
+    except ParamsError:
+        api_ok = False
+    body = {"model": "m", "prompt": "hi", field: value}
+    try:
+        parse_request(body, chat=False)
+        server_ok = True
+    except ApiError as e:
+        assert e.status == 400
+        server_ok = False
+    assert api_ok == server_ok, (field, value, api_ok, server_ok)
+    assert api_ok == {"temperature": 0 <= value <= 2, "seed": 0 <= value < 2**63, "logprobs": 0 <= value <= 20}[field]
+
+
+@pytest.mark.parametrize("flag,value,ok", [("--temperature", "2", True), ("--temperature", "2.5", False),
+                                           ("--seed", str(2**63), False), ("--seed", "7", True)])
+def test_the_cli_refuses_what_the_api_refuses(flag, value, ok):
+    from specfold.args import add_decode_args, sampling_from_args
+    from specfold.errors import ParamsError
+    import argparse
+    ap = argparse.ArgumentParser()
+    add_decode_args(ap)
+    a = ap.parse_args([flag, value])
+    if ok:
+        sampling_from_args(a)
+    else:
+        with pytest.raises(ParamsError):
+            sampling_from_args(a)

@@ -8,7 +8,7 @@ Invariants:
   naming the offending field. Nothing is coerced ("8" is not 8, true is not 1) or silently dropped.
 - A field OpenAI defines but this server does not implement is refused by name unless it carries
   its neutral value (`NEUTRAL`: e.g. `presence_penalty: 0`, `top_p: 1`, `echo: false`, null).
-- logprobs: chat takes `logprobs: true` with `top_logprobs` 0..5, completions `logprobs: N` (0..5);
+- logprobs: chat takes `logprobs: true` with `top_logprobs` 0..20, completions `logprobs: N` (0..20; params.MAX_LOGPROBS, the API's limit too);
   the shapes are OpenAI's (`chat_logprobs`, `completion_logprobs`; -inf is sent as -9999.0, as vLLM).
 - Any other field is unknown and refused by name, with the list of accepted fields. There are no
   engine fields (method, graph, delta, ...): the engine is fixed when the server starts, and no
@@ -22,11 +22,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from specfold.params import MAX_SEED, seed_error  # noqa: F401 (MAX_SEED: app.py's random seeds)
+from specfold.params import MAX_LOGPROBS, MAX_SEED, MAX_TEMPERATURE, seed_error  # noqa: F401 (MAX_SEED: app.py)
 
 MAX_N = 16  # choices per request (each one an engine request)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
-MAX_LOGPROBS = 5  # alternatives per token (OpenAI's completions limit; the API allows up to 20)
 
 # Fields OpenAI defines that this server does not implement: accepted only at these neutral values
 # (null is always accepted). Any other value is a 400 that names the field.
@@ -102,7 +101,7 @@ def _bool(name: str, v) -> bool:
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
-    """Chat: `logprobs` true/false with `top_logprobs` 0..5; completions: `logprobs` 0..5 (the
+    """Chat: `logprobs` true/false with `top_logprobs` 0..20; completions: `logprobs` 0..20 (the
     alternatives per token). None: no logprobs."""
     get = {k: v for k, v in body.items() if v is not None}.get
     n_range = f"an integer in [0, {MAX_LOGPROBS}]"
@@ -244,7 +243,7 @@ def parse_request(body, chat: bool) -> GenRequest:
         if get(name) is not None:
             req.max_tokens = _int(name, get(name), 1)
     if get("temperature") is not None:
-        req.temperature = _float("temperature", get("temperature"), 0.0, 2.0)
+        req.temperature = _float("temperature", get("temperature"), 0.0, MAX_TEMPERATURE)
     if get("seed") is not None:
         if seed_error(get("seed")):
             raise bad("seed", seed_error(get("seed")))
