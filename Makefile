@@ -1,4 +1,4 @@
-# Two entry points that work on a fresh machine: `make demo` and `make test`
+# Two entry points that work on a fresh machine: `make demo` and `make test` (`make test-fast`: its fast tier)
 # (and `make plain-install-check`, which CI runs after `make test`).
 PY ?= python3
 VENV := .venv
@@ -34,10 +34,15 @@ sandbox-deps:
 	else echo "== bubblewrap (bwrap) not found: the code-execution tests will be skipped (install: apt-get install bubblewrap)"; fi
 
 test: $(STAMP) sandbox-deps
-	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests --durations=20
+
+# the fast tier (a few minutes): the model core, every method's exactness, the engine, the server
+# protocol; no Ray, sandbox, training or slow tests (the markers are described in pyproject.toml)
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-2} $(BIN)/python -m pytest tests -m "not slow and not ray and not sandbox and not train" --durations=10
 
 # torch + `pip install .` alone (no extras) in a fresh temp venv: CLI, README snippet, extra hints
 plain-install-check:
 	PY=$(PY) bash .ci/plain_install_check.sh
 
-.PHONY: install demo test sandbox-deps plain-install-check
+.PHONY: install demo test test-fast sandbox-deps plain-install-check

@@ -23,6 +23,23 @@ def _cache_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_llm():
+    """The shipped tiny model, `LLM("tiny")` in float32, loaded once for the session: for tests that
+    decode with it or read its model, tokenizer and config. A test that changes the LLM it holds
+    (overrides, patched model or methods, a closed LLM) builds its own."""
+    from specfold import LLM
+    return LLM("tiny", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_llm64():
+    """`LLM("tiny", dtype="float64")` loaded once for the session (exactness checks); shared read-only,
+    as `tiny_llm`."""
+    from specfold import LLM
+    return LLM("tiny", dtype="float64")
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """`checkpoint(kind="qwen2", peaked=0.0, **diffusion_config) -> folder`; cached per argument set.
 
@@ -44,6 +61,23 @@ def checkpoint(tmp_path_factory):
         return made[key]
 
     return make
+
+
+# `slow` marks for tests in files that issue 42's draft-budget rewrite is changing right now (the
+# frozen copy in test_budget_fastpath.py is to go): kept here until it lands, then moved into the files.
+_SLOW_ELSEWHERE = {
+    "tests/test_budget.py::test_auto_is_exact_at_temperature_and_on_the_tiny_model",
+    "tests/test_budget.py::test_auto_budgets_never_change_tokens",
+    "tests/test_budget.py::test_calibration_is_cached_and_keyed",
+    "tests/test_budget.py::test_best_closure_against_brute_force",
+}
+_SLOW_FILES_ELSEWHERE = ("tests/test_budget_fastpath.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("[")[0] in _SLOW_ELSEWHERE or item.nodeid.startswith(_SLOW_FILES_ELSEWHERE):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.hookimpl(hookwrapper=True)
