@@ -64,6 +64,18 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
     if generate is not None and any(b > 1 for b in batch_sizes):
         from specfold.errors import ParamsError
         raise ParamsError("--batch-sizes above 1 run in this process only (not with --ray)")
+    done, loaded, pdicts, n_stored = _resume(tasks, runs, data, limit, out, model_name)
+    total = sum(len(samples) for _, samples in loaded) * len(runs)
+    overall = _bar(progress, label, total, n_stored, position=0, leave=True)
+    decode = _local_path(llm, warmup) if generate is None else _ray_path(generate, loaded, runs, done, warmup)
+    with overall, RecordWriter(out) as writer:
+        return _record_runs(loaded, runs, done, decode, writer, overall, model_name, pdicts, progress)
+
+
+def _resume(tasks, runs: list[Run], data, limit, out, model_name: str):
+    """(the records stored in `out` by key, each task with its samples, each run's params as
+    recorded, how many of this bench's records are stored); a stored record of other parameters
+    fails here, before anything is generated."""
     done = load_records(out) if out else {}
     loaded = [(t, t.load(data, limit)) for t in (get_task(t) if isinstance(t, str) else t for t in tasks)]
     pdicts = {(run.method, run.setting): params_dict(run.params) for run in runs}
@@ -71,47 +83,70 @@ def run_bench(llm, tasks: Sequence[str | Task], methods: Sequence[str], base=Non
               if (rec := done.get((task.name, s.id, run.method, run.setting))) is not None]
     for run, _task, _s, rec in stored:  # refuse to mix runs before generating anything
         check_compatible(rec, model_name, pdicts[(run.method, run.setting)], out)
-    total = sum(len(samples) for _, samples in loaded) * len(runs)
-    overall = _bar(progress, label, total, len(stored), position=0, leave=True)
+    return done, loaded, pdicts, len(stored)
+
+
+def _local_path(llm, warmup: int):
+    """`decode(run, todo)` in this process: `warmup` untimed generations first, then the samples
+    B at a time (the run's batch size); yields (samples, outputs, each one's share of the batch's wall
+    time when B > 1 else None, each one's share of this process's CPU time)."""
+    def decode(run: Run, todo: list):
+        b = dict(run.sweep).get("batch", 1)
+        for _ in range(warmup if todo else 0):
+            llm.generate([s.prompt for s in todo[:b]], run.params)
+        for i in range(0, len(todo), b):
+            chunk = todo[i: i + b]
+            t0, c0 = time.perf_counter(), time.process_time()
+            outs = llm.generate([s.prompt for s in chunk], run.params)
+            share = (time.perf_counter() - t0) / len(chunk) if b > 1 else None
+            yield chunk, outs, share, (time.process_time() - c0) / len(chunk)
+    return decode
+
+
+def _ray_path(generate, loaded, runs: list[Run], done: dict, warmup: int):
+    """`decode(run, todo)` over another process's outputs (specfold/ray's replicas): every job not
+    stored is handed to `generate(jobs, warmup)` now, in the order the runs then take them one
+    sample at a time (batch size 1; no CPU time of this process)."""
+    outputs = iter(generate([(s.prompt, run.params) for task, samples in loaded for run in runs for s in samples
+                             if (task.name, s.id, run.method, run.setting) not in done], warmup))
+
+    def decode(_run: Run, todo: list):
+        for s in todo:
+            yield [s], [next(outputs)], None, None
+    return decode
+
+
+def _record_runs(loaded, runs: list[Run], done: dict, decode, writer: RecordWriter, overall, model_name: str,
+                 pdicts: dict, progress: bool) -> list[dict[str, Any]]:
+    """Each task's runs in order (vanilla first): stored records are taken as they are (compared
+    with vanilla now when they were not), the others decoded (`decode`), scored, compared, written
+    and counted on the bars."""
     records: list[dict[str, Any]] = []
-    outputs = None if generate is None else iter(generate(
-        [(s.prompt, run.params) for task, samples in loaded for run in runs for s in samples
-         if (task.name, s.id, run.method, run.setting) not in done], warmup))
-    with overall, RecordWriter(out) as writer:
-        for task, samples in loaded:
-            refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
-            for run in runs:
-                todo = []
-                for s in samples:
-                    rec = done.get((task.name, s.id, run.method, run.setting))
-                    if rec is None:
-                        todo.append(s)
-                        continue
-                    records.append(_with_match(rec, run, refs.get((run.ref_setting, s.id))))
-                    if run.method == REFERENCE:
-                        refs[(run.setting, s.id)] = rec
-                bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
-                           position=1, leave=False)
-                b = dict(run.sweep).get("batch", 1)
-                with bar:  # closed on Ctrl-C too, so the terminal is left tidy
-                    for _ in range(warmup if todo and outputs is None else 0):
-                        llm.generate([s.prompt for s in todo[:b]], run.params)
-                    for i in range(0, len(todo), b):
-                        chunk = todo[i: i + b]
-                        t0, c0 = time.perf_counter(), time.process_time()
-                        outs = (llm.generate([s.prompt for s in chunk], run.params) if outputs is None
-                                else [next(outputs)])
-                        share = (time.perf_counter() - t0) / len(chunk) if b > 1 else None
-                        cpu = (time.process_time() - c0) / len(chunk) if outputs is None else None
-                        for s, o in zip(chunk, outs):
-                            rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
-                                              refs.get((run.ref_setting, s.id)), share, cpu)
-                            writer.write(rec)
-                            records.append(rec)
-                            if run.method == REFERENCE:
-                                refs[(run.setting, s.id)] = rec
-                            bar.update(1)
-                            overall.update(1)
+    for task, samples in loaded:
+        refs: dict[tuple[str, str], dict] = {}  # (setting, id) -> vanilla record
+        for run in runs:
+            todo = []
+            for s in samples:
+                rec = done.get((task.name, s.id, run.method, run.setting))
+                if rec is None:
+                    todo.append(s)
+                    continue
+                records.append(_with_match(rec, run, refs.get((run.ref_setting, s.id))))
+                if run.method == REFERENCE:
+                    refs[(run.setting, s.id)] = rec
+            bar = _bar(progress and bool(todo), f"{task.name} {run.method} {run.setting}", len(todo), 0,
+                       position=1, leave=False)
+            with bar:  # closed on Ctrl-C too, so the terminal is left tidy
+                for chunk, outs, share, cpu in decode(run, todo):
+                    for s, o in zip(chunk, outs):
+                        rec = make_record(task, s, run, o, model_name, pdicts[(run.method, run.setting)],
+                                          refs.get((run.ref_setting, s.id)), share, cpu)
+                        writer.write(rec)
+                        records.append(rec)
+                        if run.method == REFERENCE:
+                            refs[(run.setting, s.id)] = rec
+                        bar.update(1)
+                        overall.update(1)
     return records
 
 
