@@ -103,6 +103,7 @@ def rounds_with_inner_token(out) -> list[int]:
     return idx
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tau", [0.0, 0.5, 0.9])
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_linear_spec_equals_ar(references, kind, tau):
@@ -117,6 +118,7 @@ def test_linear_spec_equals_ar(references, kind, tau):
             assert 1 + sum(ex["accept_lengths"]) == MAX_NEW
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["linear_spec", "linear_spec_multi", "linear_specfold"])
 def test_stop_token_inside_a_round(nld, method):
     """Stop ids chosen among tokens accepted in the middle of a round: same output as ar."""
@@ -213,6 +215,7 @@ def test_refused_families(checkpoint):
         bidir.generate([[1, 2]], DecodeParams(method="linear_spec_multi", max_new_tokens=4))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["ar", "linear_spec", "linear_spec_multi", "linear_specfold"])
 def test_batch_equals_alone(nld, method):
     """All prompts in one engine (packed forwards, requests at different phases) = each alone = ar."""

@@ -72,11 +72,10 @@ def test_binary_junk_via_the_subprocess_argv():
 
 
 @needs_tiny
-def test_api_refuses_binary_prompts():
-    from specfold import LLM
+def test_api_refuses_binary_prompts(tiny_llm):
     from specfold.errors import ParamsError
     with pytest.raises(ParamsError, match="control character"):
-        LLM("tiny").generate(["what\x00"])
+        tiny_llm.generate(["what\x00"])
 
 
 # ------------------------------------------------------------------ generate: devices, backends, rules
@@ -99,10 +98,10 @@ def test_backend_triton_without_a_gpu(capsys, monkeypatch):
 
 
 @needs_tiny
-def test_rule_dream_refused_on_a_block_causal_family(capsys):
-    from specfold import LLM, DecodeParams
+def test_rule_dream_refused_on_a_block_causal_family(capsys, tiny_llm):
+    from specfold import DecodeParams
     from specfold.errors import ParamsError
-    llm = LLM("tiny")
+    llm = tiny_llm
     with pytest.raises(ParamsError, match=r"rule 'dream' .* bidirectional models \(Dream, LLaDA\), not "):
         llm.generate(["Tom has 3 apples."], DecodeParams(rule="dream", max_new_tokens=8))
     rc, err = run(capsys, "generate", "--prompt", "hi", "--rule", "dream")
@@ -217,6 +216,7 @@ def test_calibrate_prompts_missing_or_binary(capsys, tmp_path):
     assert rc == 2 and "is not UTF-8 text" in err
 
 
+@pytest.mark.slow
 @needs_tiny
 def test_ctrl_c_exits_130_quietly_and_keeps_the_records(tmp_path):
     out = tmp_path / "runs" / "b.jsonl"
@@ -281,6 +281,7 @@ def test_python_dash_m_specfold():
     assert p.returncode == 0 and p.stdout.startswith("usage: specfold ") and "generate" in p.stdout
 
 
+@pytest.mark.slow
 @needs_tiny
 def test_decoding_needs_no_numpy():
     """Every method, eager windows included, decodes with numpy made unimportable."""
@@ -310,6 +311,7 @@ def test_serve_port_out_of_range(capsys):
     assert rc == 2 and err == "error: --port 99999 is not a TCP port; accepted: 0-65535 (0 = any free port)"
 
 
+@pytest.mark.slow
 @needs_tiny
 def test_closed_stdout_pipe_exits_quietly():
     """`specfold generate ... | head -c 1`: the reader leaves early; no traceback, status 141."""
@@ -334,6 +336,7 @@ def test_extras_table_names_every_package_of_each_extra():
         assert pkgs == set(mods), (name, pkgs, mods)
 
 
+@pytest.mark.slow
 @needs_tiny
 def test_generate_scheduler_flags(capsys, monkeypatch):
     """`generate --max-num-seqs/--max-num-batched-tokens/--draft-budget` reach the engine; the

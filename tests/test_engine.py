@@ -68,7 +68,7 @@ def _batched(llm, config: EngineConfig, prompts, max_new, stagger: int = 0, temp
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [f if f == "bc" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_batch_invariance(checkpoint, family, method):
     if METHODS[method].get("eager") and FAMILIES[family]["attention"] != "block_causal":
         pytest.skip("eager windows need a block-causal family")
@@ -101,8 +101,9 @@ def test_batch_invariance_sampling_and_stops(checkpoint, method):
     assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
 
 
-def test_tiny_model_batch_invariance():
-    llm = LLM("tiny", dtype="float64")
+@pytest.mark.slow
+def test_tiny_model_batch_invariance(tiny_llm64):
+    llm = tiny_llm64
     qs = ["Tom has 3 apples and buys 5 more. How many apples?", "What is 7 + 8?", "Sam had 10 pens and lost 4."]
     for kw in (METHODS["vanilla"], dict(method="freedave", draft_depth=8, eager=True), dict(method="spiffy"),
                dict(method="specfold", delta=0.0)):
@@ -359,8 +360,8 @@ def test_generate_reuses_the_engine_of_the_same_settings(checkpoint, tmp_path):
 
 
 # ---------------------------------------------------------------------------- deltas, stop strings
-def test_deltas_stream_final_tokens_and_stop_strings():
-    llm = LLM("tiny", dtype="float32")
+def test_deltas_stream_final_tokens_and_stop_strings(tiny_llm):
+    llm = tiny_llm
     q = "Tom has 3 apples and buys 5 more. How many apples does he have now?"
     ids = llm.encode(q, SamplingParams(chat_template=True))
     full = llm.generate([q], SamplingParams(max_new_tokens=64, chat_template=True))[0]
@@ -456,6 +457,7 @@ def test_root_only_verifications_ride_in_the_steps_folded_call(checkpoint, fold_
     assert any("verify" in dense for folded, dense in calls if not folded)  # without drafts: the dense call
 
 
+@pytest.mark.slow
 def test_the_cost_model_says_where_root_only_verifications_go(checkpoint, tmp_path, monkeypatch):
     """Under auto budgets the engine routes root-only verifications as the calibration measured
     (`CostModel.fold_roots`), and the measurement survives the cache."""

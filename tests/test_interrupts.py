@@ -142,6 +142,7 @@ def _interrupt_all(server: ForkServer, argv: list[str], plan: list[tuple[str, fl
     return results
 
 
+@pytest.mark.slow
 def test_ctrl_c_at_50_random_points_of_a_long_run(tmp_path):
     argv = _argv(_prompts(tmp_path))
     rng = random.Random(22)
@@ -173,6 +174,7 @@ def _spawn(argv: list[str], err: Path) -> subprocess.Popen:
                                 text=True, env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, status, line", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
 def test_a_fresh_interpreter_ends_quietly(tmp_path, sig, status, line):
     err = tmp_path / "stderr"
@@ -336,6 +338,7 @@ STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 LINE = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, delays", [(signal.SIGINT, (0.0, 0.05, 0.15, 0.4)), (signal.SIGTERM, (0.05, 0.3))])
 def test_a_signal_during_interpreter_teardown_changes_nothing(tmp_path, sig, delays):
     """After the command has printed its outputs, `python -m specfold` tears down torch for most of a

@@ -29,6 +29,7 @@ def ckpt(tmp_path_factory):
     ("llada2_edit", 21, 11, dict(threshold=0.9, edit_threshold=0.3, max_post_steps=0)),
     ("llada2_edit", 13, 20, dict(threshold=0.7, edit_threshold=0.9, max_post_steps=4)),  # blocks settle
 ])
+@pytest.mark.slow
 def test_cached_decode_equals_the_cache_free_reference(ckpt, rule, L, n, kw):
     cfg, w, model, spec = ckpt
     M, eos = spec.mask_token_id, spec.stop_token_ids[0]

@@ -79,6 +79,7 @@ CASES_21 = [  # (prompt length, max_new_tokens, tau_mask, tau_edit, max_post_ste
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("L, n, steps, tau", CASES_20)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_llada2_matches_diffusers(ckpt, L, n, steps, tau, seed):
@@ -100,6 +101,7 @@ def test_llada2_matches_diffusers(ckpt, L, n, steps, tau, seed):
     _COVER["cut"] = _COVER.get("cut", False) or len(ours) < n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("L, n, tau, tau_edit, post", CASES_21)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_llada2_edit_matches_diffusers(ckpt, L, n, tau, tau_edit, post, seed):

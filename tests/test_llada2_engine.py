@@ -72,6 +72,7 @@ def _reference(llm, cfg, w, prompt, rule, n, kw):
     return ids, nfe, _revisits(trace, prompt, M), trace
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["long", "eos"])
 @pytest.mark.parametrize("rule, L, n, kw", CASES)
 def test_engine_equals_the_reference(ckpts, which, rule, L, n, kw):
@@ -89,6 +90,7 @@ def test_engine_equals_the_reference(ckpts, which, rule, L, n, kw):
             assert out.stats.verify_forwards <= nfe
 
 
+@pytest.mark.slow
 def test_the_cases_cover_what_they_claim(ckpts):
     """eos inside a block, outputs cut at max_new_tokens mid-block, edits and revisited states occur."""
     stops, mid_cut, edits, revisits = 0, 0, 0, 0
@@ -103,6 +105,7 @@ def test_the_cases_cover_what_they_claim(ckpts):
     assert stops and mid_cut and edits and revisits, (stops, mid_cut, edits, revisits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["llada2", "llada2_edit"])
 def test_batch_equals_one_at_a_time(ckpts, rule):
     llm, cfg, w = ckpts["long"]

@@ -40,7 +40,7 @@ def setup(tmp_path_factory):
     return llm, cfg, w, prompts, cal
 
 
-@pytest.mark.parametrize("name", list(RULES))
+@pytest.mark.parametrize("name", [n if n == "llada2" else pytest.param(n, marks=pytest.mark.slow) for n in RULES])
 def test_lossless_under_both_rules(setup, name):
     llm, cfg, w, prompts, cal = setup
     base = DecodeParams(block_size=BLOCK, max_new_tokens=22, draft_budget=64, **RULES[name])

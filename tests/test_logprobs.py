@@ -49,8 +49,8 @@ def _check_shape(out, n: int) -> None:
 
 # ---------------------------------------------------------------------------------- the API
 @pytest.fixture(scope="module")
-def tiny():
-    return LLM("tiny", dtype="float32")
+def tiny(tiny_llm):
+    return tiny_llm
 
 
 def test_api_shapes_and_greedy_choice(tiny):
@@ -67,6 +67,7 @@ def test_api_shapes_and_greedy_choice(tiny):
     assert [d[t] for d, t in zip(zero.logprobs, zero.token_ids)] == [d[t] for d, t in zip(out.logprobs, out.token_ids)]
 
 
+@pytest.mark.slow
 def test_api_sampled_tokens_and_streamed_deltas(tiny):
     """At T > 0 the chosen token is the sampled one (its logprob at temperature 1, often not the top);
     the deltas carry the logprobs of the tokens they carry; a stop string trims both alike."""
@@ -138,6 +139,7 @@ def _run(llm, config: EngineConfig, temps: list[float], stagger: int, only: int 
 LOSSLESS = ["freedave", "freedave_eager", "spiffy", "specfold", "specfold_chain", "specfold_eager"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["bc", "bc_shift", "bi"])
 def test_lossless_methods_give_vanillas_logprobs(checkpoint, family):
     llm = LLM(checkpoint("qwen2", peaked=30.0, block_size=8, sub_block_size=4, **FAMILIES[family]), dtype="float64")

@@ -16,6 +16,8 @@ pytest.importorskip("sympy")  # the eval extra
 
 from tests.ray_helpers import ray_cluster  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [json.loads(line)["question"]
              for line in (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()[:6]]

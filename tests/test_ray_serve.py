@@ -26,6 +26,8 @@ import httpx  # noqa: E402
 from tests.ray_helpers import ray_cluster, serve_url  # noqa: E402
 from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [json.loads(line)["question"]
              for line in (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()[:16]]

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from specfold import LLM, EngineConfig, SamplingParams
+from specfold import EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.slow  # host reads counted over whole decodes
 
 TINY = Path(__file__).resolve().parents[1] / "specfold" / "tiny" / "model"
 NAMES = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
@@ -74,8 +76,8 @@ def _max_reads(llm, config: EngineConfig, prompts: list[str], counter: ReadCount
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny", dtype="float32")
+def llm(tiny_llm):
+    return tiny_llm
 
 
 CASES = [(m, r) for m in ("vanilla", "freedave", "spiffy", "specfold") for r in (None, "static")]

@@ -65,6 +65,7 @@ TOKENIZERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TOKENIZERS))
 def test_no_text_beyond_the_bound_fits(name):
     tok = TOKENIZERS[name]()

@@ -30,6 +30,8 @@ from specfold.params import EngineConfig, SamplingParams  # noqa: E402
 from specfold.serve.app import ServeConfig, create_app  # noqa: E402
 from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
 
+pytestmark = pytest.mark.slow  # servers under load, subprocess servers, large bodies
+
 ROOT = Path(__file__).resolve().parents[1]
 Q = "Ben has 4 stickers. He buys 5 more stickers. Then he sells 2 stickers. How many stickers does Ben have now?"
 END = "<|endoftext|>"  # the tiny tokenizer's longest token: 13 characters, one token
@@ -41,8 +43,8 @@ def live(llm, engine: dict | None = None, **config) -> LiveServer:
 
 
 @pytest.fixture(scope="module")
-def llm():
-    return LLM("tiny")
+def llm(tiny_llm):
+    return tiny_llm
 
 
 @pytest.fixture(scope="module")

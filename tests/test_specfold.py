@@ -90,7 +90,8 @@ def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(check
     assert reused > 0
 
 
-def test_tiny_accuracy_at_delta_0_1_within_one_point():
+@pytest.mark.slow  # accuracy decodes
+def test_tiny_accuracy_at_delta_0_1_within_one_point(tiny_llm):
     """On the tiny model's held-out problems SpecFold at δ = 0.1 keeps vanilla's accuracy (±1 point).
 
     The first 50 problems (not 100: the two batched decodes were the suite's slowest in-process test):
@@ -106,7 +107,7 @@ def test_tiny_accuracy_at_delta_0_1_within_one_point():
     except Exception:
         pytest.skip("no shipped tiny model")
     rows = [json.loads(x) for x in (Path(path) / "heldout.jsonl").read_text().splitlines()[:50]]
-    llm = LLM("tiny")
+    llm = tiny_llm
     qs = [r["question"] for r in rows]
 
     def acc(outs):

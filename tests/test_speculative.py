@@ -71,6 +71,7 @@ def test_lossless_random(checkpoint, name, rule):
     _check(llm, base, SETTINGS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bc", "bi", "bc_shift"])
 def test_lossless_peaked_and_drafts_accepted(checkpoint, name):
     """Confident models: every setting is lossless and the speculative ones really save forwards.
@@ -144,6 +145,7 @@ class _NoAhead:
         return self.inner.drafts(root, parent, ctx)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["bc", "bi"])
 def test_drafts_cross_the_sub_block_boundary(checkpoint, name, tmp_path):
     """Under the sub-block rule the drafts complete the current sub-block and start the next one (its
@@ -298,9 +300,10 @@ def test_advance_reads_only_the_exact_states_logits(checkpoint, name, rule):
 TINY = Path(__file__).resolve().parents[1] / "specfold" / "tiny" / "model"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="the tiny model is not trained yet")
-def test_lossless_tiny_model():
-    llm = LLM("tiny", dtype="float64")
+def test_lossless_tiny_model(tiny_llm64):
+    llm = tiny_llm64
     rows = [json.loads(x) for x in (TINY / "heldout.jsonl").read_text().splitlines()[:3]]
     prompts = [r["question"] for r in rows]
     for rule, kw in (("static", {}), ("sub_block", {}), ("threshold", {"threshold": 0.9})):

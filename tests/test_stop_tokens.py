@@ -151,6 +151,7 @@ def _save(folder: Path, sd: dict, cfg: dict, swap: tuple[int, int] | None = None
     return folder
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["vanilla", "freedave", "ar", "linear_spec", "linear_spec_multi"])
 def test_nemotron_labs_diffusion_stops_at_its_eos_198(tmp_path, method):
     sd, cfg = _nld_state(seed=1)  # a seed whose causal outputs are not one repeated token from the start

@@ -19,6 +19,8 @@ from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.errors import ConfigError, DistributedError, ParamsError
 from specfold.models.parallel import parameter_bytes
 
+pytestmark = pytest.mark.slow  # ranks in other processes: minutes in all
+
 QUESTIONS = ["What is 3 + 4?", "Count from 5 to 9.", "Name a colour.", "What is 12 - 5?"]
 METHODS = {
     "vanilla": dict(method="vanilla"),

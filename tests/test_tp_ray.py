@@ -23,6 +23,8 @@ from specfold import LLM, DecodeParams  # noqa: E402
 from specfold.errors import DistributedError  # noqa: E402
 from tests.ray_helpers import ray_cluster  # noqa: E402
 
+pytestmark = pytest.mark.ray
+
 QUESTIONS = ["What is 3 + 4?", "Count from 5 to 9.", "Name a colour."]
 METHODS = {
     "vanilla": dict(method="vanilla"),

@@ -40,6 +40,8 @@ from specfold.params import EngineConfig, SamplingParams  # noqa: E402
 from specfold.serve.app import ServeConfig, create_app  # noqa: E402
 from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
 
+pytestmark = pytest.mark.slow  # multi-process tensor parallelism, servers and kills: minutes
+
 ROOT = Path(__file__).resolve().parents[1]
 CHATS = ["What is 3 + 4?", "Tom has 7 apples. He gets 5 more apples. How many apples does Tom have now?",
          "Mia has 9 pens. She gives away 4 pens. How many pens does Mia have now?"]

@@ -10,6 +10,8 @@ from specfold import LLM, DecodeParams
 from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.models.widen import Shape, widen_checkpoint
 
+pytestmark = pytest.mark.slow  # decodes of widened checkpoints
+
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]]
 GRAPH = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
                     Node(2, ((0, 0), (1, 0))), Node(3, ((0, 0),)), Node(1, ((1, 0),))])
@@ -72,14 +74,14 @@ def test_every_method_decodes_like_the_source(checkpoint, source_outputs, tmp_pa
                     src_outputs=source_outputs.setdefault((kind, rule), {}))
 
 
-def test_widened_tiny_decodes_held_out_problems_like_tiny(tmp_path):
+def test_widened_tiny_decodes_held_out_problems_like_tiny(tmp_path, tiny_llm64):
     """The embedded model widened (and deepened) keeps its tokens under its own rule and the static
     rule, and finds the tiny model's shipped Spiffy graphs without a graph argument."""
     from specfold.api import tiny_path
     from specfold.decoding.drafts.spiffy import fingerprint
     out = widen_checkpoint("tiny", tmp_path / "w", Shape(224, 576, 6, 2, 5), seed=0, dtype="float64",
                            progress=False)
-    src, wide = LLM("tiny", dtype="float64"), LLM(out, dtype="float64")
+    src, wide = tiny_llm64, LLM(out, dtype="float64")
     assert fingerprint(wide.spec) == fingerprint(src.spec)
     rows = [json.loads(x) for x in (tiny_path() / "heldout.jsonl").read_text().splitlines()[:2]]
     methods = {k: {kk: vv for kk, vv in v.items() if kk != "graph"} for k, v in METHODS.items()}

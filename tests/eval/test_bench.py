@@ -18,6 +18,8 @@ from specfold.eval.summary import format_table, summarize, token_match
 from specfold.params import DecodeParams
 from tests.eval.test_bench_model import text_checkpoint
 
+pytestmark = pytest.mark.slow  # bench and eval runs, accuracy decodes, plots
+
 torch.set_num_threads(1)
 N = 3  # samples per task
 BASE = DecodeParams(chat_template=True, max_new_tokens=8)
@@ -291,17 +293,16 @@ def test_quality_check_itself(llm, data, tmp_path):
         assert check_quality(llm, {"vanilla_threshold": unchecked}, str(many)) == []
 
 
-def test_bench_reproduces_tiny_model_quality():
+def test_bench_reproduces_tiny_model_quality(tiny_llm):
     """Every vanilla figure quality.json ships is reproduced by bench: on all n samples with
     SPECFOLD_EVAL_FULL=1, otherwise per sample on the first 16 (none left unchecked)."""
     if not QUALITY.is_file():
         pytest.skip(f"{QUALITY} not written yet (tiny-model issue)")
-    from specfold import LLM
     quality = json.loads(QUALITY.read_text())
     want = list(vanilla_entries(quality))
     assert want, f"{QUALITY} lists no vanilla accuracy"
-    assert check_quality(LLM("tiny"), quality) == want, ("entries with n > 64 need per-sample 'correct' "
-                                                         "(or SPECFOLD_EVAL_FULL=1) to be checked")
+    assert check_quality(tiny_llm, quality) == want, ("entries with n > 64 need per-sample 'correct' "
+                                                      "(or SPECFOLD_EVAL_FULL=1) to be checked")
 
 
 def test_plots_are_readable(monkeypatch, tmp_path):

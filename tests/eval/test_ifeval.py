@@ -10,6 +10,8 @@ from specfold.eval.instructions.text import count_sentences, word_tokens
 from specfold.eval.tasks import get_task
 from specfold.eval.tasks.base import Sample
 
+pytestmark = pytest.mark.slow  # IFEval's checkers: langdetect and nltk load
+
 CASES = [
     ("punctuation:no_comma", {}, "No commas here at all.", "Well, a comma."),
     ("keywords:existence", {"keywords": ["banana", "kiwi"]}, "A Banana and a kiwi.", "Only a banana."),

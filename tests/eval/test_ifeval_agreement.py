@@ -17,6 +17,8 @@ from specfold.eval.instructions import follows
 
 from ifeval_corpus import load_records, official, responses, sentence_pool  # noqa: E402
 
+pytestmark = pytest.mark.slow  # langdetect and the official IFEval checkers on every prompt
+
 FULL = os.environ.get("SPECFOLD_EVAL_FULL") == "1"
 
 

@@ -13,6 +13,8 @@ from specfold.eval.lm_eval_adapter import SpecfoldLM, truncate_at_stops  # noqa:
 from specfold.params import DecodeParams  # noqa: E402
 from tests.eval.test_bench_model import text_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.slow  # lm-eval's task indexing
+
 torch.set_num_threads(1)
 
 

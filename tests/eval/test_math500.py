@@ -122,6 +122,7 @@ def test_every_math500_reference_equals_itself_respaced(data_dir):
     assert bad == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("in_thread", [False, True])
 def test_time_limit_holds_in_any_thread(in_thread):
     """`2^{999999999}` makes sympy compute a 125 MB integer in one C call (no signal interrupts

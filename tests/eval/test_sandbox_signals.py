@@ -40,7 +40,8 @@ def sandbox_processes(root: int) -> list[str]:
 
 
 @pytest.mark.parametrize("handlers", ["default", "cli"])
-@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=pytest.mark.sandbox("bwrap")), "weak"])
+@pytest.mark.parametrize("mode", [pytest.param("bwrap", marks=pytest.mark.sandbox("bwrap")),
+                                  pytest.param("weak", marks=pytest.mark.sandbox("weak"))])
 def test_sigterm_leaves_nothing_behind(mode, handlers):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPECFOLD_SANDBOX")}
     env["PYTHONPATH"] = str(ROOT)

@@ -24,6 +24,8 @@ from specfold.eval import sandbox
 from specfold.eval.sandbox import Limits, run_program
 from tests.eval.sandbox_helpers import own_tree, subreaper  # noqa: F401 (subreaper: autouse fixture)
 
+pytestmark = pytest.mark.sandbox("weak")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -418,6 +418,7 @@ def test_layer_weights_validation_and_from_layer() -> None:
         LayerWeights.from_layer(Layer(), head_dim=3)
 
 
+@pytest.mark.slow
 def test_triton_backend_importable_without_triton() -> None:
     """fold_triton imports with triton unavailable and fails with a clear error when called."""
     import subprocess

@@ -20,6 +20,8 @@ from specfold.kernels import fold_torch as ft  # noqa: E402
 from specfold.kernels import fold_triton as fx  # noqa: E402
 from specfold.kernels import get_backend  # noqa: E402
 
+pytestmark = pytest.mark.slow  # Triton in interpreter mode on the CPU
+
 DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 TOL = dict(rtol=2e-4, atol=2e-5)
 PAR = [-1, 0, 1, 2, 1, 0]   # chain of depth 3 plus side branches

@@ -7,6 +7,8 @@ import multiprocessing
 import random
 from concurrent.futures import ProcessPoolExecutor
 
+import pytest
+
 from specfold.eval.tasks import get_task
 from specfold.tiny import choices as C
 from specfold.tiny import data as D
@@ -31,6 +33,7 @@ def _splits_as_drawn() -> dict[str, set[str]]:
             "tokenizer": set(tok), "calibration": set(cal)}
 
 
+@pytest.mark.slow
 def test_fresh_problems_are_disjoint_from_every_split_and_deterministic():
     # The replay and `excluded()` (built by the first `fresh`) are independent pure-Python draws of
     # ~20 s each: the replay runs in a fresh interpreter (spawn: no state shared with this process)
@@ -58,6 +61,7 @@ def test_the_filter_drops_excluded_and_repeated_questions(monkeypatch):
     assert not set(got) & set(raw[:5]) and got[:5] == [q for q in raw[5:] if q not in raw[:5]][:5]
 
 
+@pytest.mark.slow
 def test_tiny_fresh_task_and_the_file_writer_agree(tmp_path):
     samples = get_task("tiny-fresh").load(limit=25)
     assert [s.id for s in samples] == [f"tiny_fresh/{i}" for i in range(25)]

@@ -1,11 +1,14 @@
 """A micro training run: loss goes down, the exported checkpoint loads, and a rerun resumes."""
 import json
 
+import pytest
 import torch
 
 from specfold.models.loader import load_model
 from specfold.tiny import data as D
 from specfold.tiny.train import train_tiny
+
+pytestmark = pytest.mark.train
 
 
 def test_micro_training_run(tmp_path):

@@ -14,11 +14,11 @@ def test_shipped_files_small_enough():
     assert sum(f.stat().st_size for f in MODEL_DIR.iterdir()) <= 25 * 2**20
 
 
-def test_llm_tiny_decodes_heldout_static_deterministic():
-    from specfold import LLM, DecodeParams
+def test_llm_tiny_decodes_heldout_static_deterministic(tiny_llm):
+    from specfold import DecodeParams
     from specfold.api import tiny_path
 
-    llm = LLM("tiny", dtype="float32")
+    llm = tiny_llm
     assert Path(llm.path).resolve() == Path(str(tiny_path())).resolve()
     held = D.load_jsonl(Path(llm.path) / "heldout.jsonl")[:5]
     params = DecodeParams(chat_template=True, rule="static", tokens_per_step=1, max_new_tokens=96)
@@ -30,6 +30,7 @@ def test_llm_tiny_decodes_heldout_static_deterministic():
     assert all("####" in o.text for o in outs)
 
 
+@pytest.mark.slow
 def test_tiny_loads_from_an_installed_wheel(tmp_path):
     """Build the wheel, install it into a folder outside the source tree and load LLM("tiny") from
     there in a fresh process: the model files travel as package data, not as a source-tree path."""
