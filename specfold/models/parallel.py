@@ -14,8 +14,9 @@ Sharding (rank r of N):
   dim 2), the shared expert like a dense MLP. With `expert_parallel`, a rank holds experts
   [r E/N, (r+1) E/N) whole; the router (replicated) routes every row over all E experts and the
   rank runs only its own; the shared expert is still split like a dense MLP;
-- embeddings, norms, the router and the heads are replicated (measured: BENCHMARKS "Tensor
-  parallelism"; the step's read happens on rank 0 only).
+- embeddings, norms, the router and the heads are replicated: on the proxy measured (BENCHMARKS
+  "Tensor parallelism", vocabulary 640) the head is under 1 % of a step, so splitting it by vocabulary
+  would buy nothing there; a ~150k vocabulary was not measured. The step's read happens on rank 0.
 
 So the attention output and the FFN output of a layer are partial sums on every rank, and each needs
 one all-reduce (`Parallel.reduce`): two per layer. After it every rank holds the same hidden states
