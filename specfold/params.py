@@ -239,7 +239,6 @@ class EngineConfig:
 
 
 _SAMPLING_FIELDS = ("max_new_tokens", "temperature", "seed", "chat_template", "logprobs")
-_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 
 
 @dataclass(slots=True)

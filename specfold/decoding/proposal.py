@@ -113,8 +113,3 @@ def subset(drafts: list[Draft], chosen: list[int] | None) -> list[Draft]:
         new[i + 1] = len(out)
     return out
 
-
-def closed(drafts: list[Draft], chosen) -> bool:
-    """Whether `chosen` (indices) is closed under parents."""
-    have = {0} | {i + 1 for i in chosen}
-    return all(drafts[i].parent in have for i in chosen)

@@ -83,6 +83,3 @@ class KVPool:
         if slot in self._free or not 0 <= slot < self.scratch:
             raise RuntimeError(f"internal error: KV slot {slot} released twice or never handed out")
         self._free.append(slot)
-
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
