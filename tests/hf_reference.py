@@ -7,7 +7,9 @@ so a 1e-10 bound compares the architecture, not HF's rounding choices.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import textwrap
 from pathlib import Path
 
 import torch
@@ -116,3 +118,19 @@ def _inv_freq_f64(mod) -> torch.Tensor:
     assert torch.allclose(r.inv_freq.float(), mod.inv_freq.float(), rtol=1e-6), "rope tables disagree"
     assert abs(r.attention_factor - mod.attention_scaling) < 1e-12
     return r.inv_freq
+
+
+@contextlib.contextmanager
+def patched_forward(cls, old: str, new: str, count: int, name: str):
+    """`cls.forward` re-executed from its own source with `old` replaced by `new` (which must occur
+    `count` times: a changed source fails loudly instead of being patched wrongly), restored after."""
+    import sys
+    src = textwrap.dedent(inspect.getsource(cls.forward))
+    assert src.count(old) == count, f"{cls.__name__}.forward changed: re-check what this patch does"
+    ns: dict = {}
+    exec(compile(src.replace(old, new), name, "exec"), vars(sys.modules[cls.__module__]), ns)
+    saved, cls.forward = cls.forward, ns["forward"]
+    try:
+        yield
+    finally:
+        cls.forward = saved

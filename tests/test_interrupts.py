@@ -246,22 +246,28 @@ def test_no_handlers_outside_the_main_thread():
     assert seen == [before]
 
 
+def _fake_extension_init(body: str):
+    """`create_module()` of a fake C extension: a Python function compiled under importlib's frame name
+    (what the handler checks), running `body`, then returning 'done'."""
+    from importlib.machinery import ExtensionFileLoader
+    src = f"def create_module(self, spec):\n    {body}\n    return 'done'\n"
+    ns: dict = {}
+    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
+    loader = ExtensionFileLoader("fake_ext", "/nonexistent/fake_ext.so")
+    return lambda: ns["create_module"](loader, None)
+
+
 def test_a_signal_inside_an_extension_initialiser_waits_until_it_is_done():
     """Python code running under a C extension's create_module (as nanobind's enum setup does) is
     not interrupted; the KeyboardInterrupt comes right after. The initialiser here is a Python
     function compiled under importlib's frame name: the handler sees the frames it would see."""
-    from importlib.machinery import ExtensionFileLoader
-
     from specfold.interrupts import handling_signals
-    src = ("def create_module(self, spec):\n    import os, signal, time\n    os.kill(os.getpid(), signal.SIGINT)\n"
-           "    t = time.monotonic()\n    while time.monotonic() - t < 0.5:\n        pass\n    return 'done'\n")
-    ns: dict = {}
-    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
-    loader = ExtensionFileLoader("fake_ext", "/nonexistent/fake_ext.so")
+    create_module = _fake_extension_init("import os, signal, time\n    os.kill(os.getpid(), signal.SIGINT)\n"
+                                         "    t = time.monotonic()\n    while time.monotonic() - t < 0.5:\n        pass")
     results = []
     with pytest.raises(KeyboardInterrupt):
         with handling_signals():
-            results.append(ns["create_module"](loader, None))
+            results.append(create_module())
             time.sleep(5)  # the deferred SIGINT lands here
     assert results == ["done"]
 
@@ -269,18 +275,13 @@ def test_a_signal_inside_an_extension_initialiser_waits_until_it_is_done():
 def test_a_signal_held_back_when_the_block_ends_is_raised_there():
     """A SIGINT deferred by an extension's initialiser that returns just as the command ends is not
     dropped: the block ends with KeyboardInterrupt (the CLI's 130), not with the command's success."""
-    from importlib.machinery import ExtensionFileLoader
-
     from specfold.interrupts import handling_signals
-    src = ("def create_module(self, spec):\n    import os, signal\n    os.kill(os.getpid(), signal.SIGINT)\n"
-           "    for _ in range(1000):\n        pass\n    return 'done'\n")
-    ns: dict = {}
-    exec(compile(src, "<frozen importlib._bootstrap_external>", "exec"), ns)
-    loader = ExtensionFileLoader("fake_ext", "/nonexistent/fake_ext.so")
+    create_module = _fake_extension_init("import os, signal\n    os.kill(os.getpid(), signal.SIGINT)\n"
+                                         "    for _ in range(1000):\n        pass")
     results = []
     with pytest.raises(KeyboardInterrupt):
         with handling_signals():
-            results.append(ns["create_module"](loader, None))  # the block ends right after, before any retry
+            results.append(create_module())  # the block ends right after, before any retry
     assert results == ["done"]
     time.sleep(0.2)  # a retry of the deferred signal, had one survived the block, would raise here
 

@@ -16,15 +16,12 @@ What differs, and how the test handles it:
 """
 from __future__ import annotations
 
-import contextlib
-import inspect
-import textwrap
-
 import pytest
 import torch
 
 from specfold.models import moe as moe_mod
 from specfold.models.moe import MoE, grouped_swiglu
+from tests.hf_reference import patched_forward
 
 
 def _moe(E=16, k=3, G=4, kg=2, d=32, inter=16, seed=0, dtype=torch.float64) -> MoE:
@@ -56,20 +53,9 @@ def _deepseek(m: MoE, dtype):
     return hf.to(dtype).eval()
 
 
-@contextlib.contextmanager
 def router_in_input_dtype():
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as mod
-    cls = mod.DeepseekV3TopkRouter
-    src = textwrap.dedent(inspect.getsource(cls.forward))
-    assert src.count("torch.float32") == 2, "the router source changed: re-check what this patch does"
-    ns: dict = {}
-    exec(compile(src.replace("torch.float32", "hidden_states.dtype"), "deepseek_v3_router", "exec"),
-         vars(mod), ns)
-    saved, cls.forward = cls.forward, ns["forward"]
-    try:
-        yield
-    finally:
-        cls.forward = saved
+    return patched_forward(mod.DeepseekV3TopkRouter, "torch.float32", "hidden_states.dtype", 2, "deepseek_v3_router")
 
 
 def _margins(m: MoE, x: torch.Tensor) -> float:

@@ -20,9 +20,7 @@ test_llada2_moe.py does for DeepSeek-V3's router); the float32 comparison runs i
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -33,7 +31,7 @@ from specfold.decoding.drafts.calibrate import calibrate
 from specfold.errors import CheckpointError, ConfigError
 from specfold.models.loader import load_model
 from specfold.models.moe import MoE
-from tests.hf_reference import float64_reference, hf_logits, save_hf
+from tests.hf_reference import float64_reference, hf_logits, patched_forward, save_hf
 from tests.reference_decode import reference_decode
 
 TOL = {torch.float32: 1e-5, torch.float64: 1e-10}
@@ -72,21 +70,11 @@ def make_hf(seed: int = 0, head_scale: float = 1.0, **shape):
     return model.eval()
 
 
-@contextlib.contextmanager
 def router_in_input_dtype():
     """transformers' Qwen3-MoE router with its softmax in the input dtype (its one float32 cast)."""
     from transformers.models.qwen3_moe import modeling_qwen3_moe as mod
-    cls = mod.Qwen3MoeTopKRouter
-    src = textwrap.dedent(inspect.getsource(cls.forward))
-    assert src.count("dtype=torch.float,") == 1, "the router source changed: re-check what this patch does"
-    ns: dict = {}
-    exec(compile(src.replace("dtype=torch.float,", "dtype=hidden_states.dtype,"), "qwen3_moe_router", "exec"),
-         vars(mod), ns)
-    saved, cls.forward = cls.forward, ns["forward"]
-    try:
-        yield
-    finally:
-        cls.forward = saved
+    return patched_forward(mod.Qwen3MoeTopKRouter, "dtype=torch.float,", "dtype=hidden_states.dtype,", 1,
+                           "qwen3_moe_router")
 
 
 def _gap(probs: torch.Tensor, k: int) -> float:
