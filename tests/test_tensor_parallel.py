@@ -305,3 +305,26 @@ def test_shards_put_together_are_the_model_and_own_no_more(moe_checkpoints, case
     want = sum(w.numel() * w.element_size() for w in full.values()) - split // 2
     assert [sum(p.untyped_storage().nbytes() for p in r.values()) for r in ranks] == [want, want]
     assert split > 0.5 * sum(w.numel() * w.element_size() for w in full.values())
+
+
+def test_a_step_interrupted_midway_refuses_the_next_at_once_and_close_ends_the_ranks():
+    """Ctrl-C between rank 0's message and the end of its device work leaves the other ranks inside
+    the step's collectives: the next step is one line at once (not a hang until the timeout), and
+    close() ends the ranks instead of waiting for them to hear 'stop'."""
+    two = LLM("tiny", dtype="float64", tensor_parallel_size=2)
+    pid = two.ranks.launcher.pids()[1]
+    p = DecodeParams(chat_template=True, max_new_tokens=32, method="vanilla")
+    eng = two._engine_for(p.split()[0])
+
+    def interrupted(jobs):
+        raise KeyboardInterrupt
+    real, eng.runner.runner.run = eng.runner.runner.run, interrupted  # rank 0 stops after its message
+    with pytest.raises(KeyboardInterrupt):
+        two.generate(QUESTIONS[:1], p)
+    eng.runner.runner.run = real
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match="an earlier step was interrupted midway"):
+        two.generate(QUESTIONS[:1], p)
+    two.close()
+    assert time.monotonic() - t0 < 15
+    assert not os.path.exists(f"/proc/{pid}")

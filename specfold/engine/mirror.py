@@ -85,15 +85,24 @@ class Leader:
     def step(self):
         """Around a message and the device work it starts on every rank. An exception (Ctrl-C) leaves
         `control.busy` set: the other ranks may wait in a collective and cannot hear a message
-        (executor/ranks.py's close then ends them instead)."""
+        (executor/ranks.py's close then ends them instead), and every later message is refused at once."""
+        self._check_not_interrupted()
         self.control.busy = True
         yield
         self.control.busy = False
+
+    def _check_not_interrupted(self) -> None:
+        if self.control.down is not None:  # the group failed or was closed: that is the line
+            raise DistributedError(self.control.down)
+        if self.control.busy:
+            raise DistributedError("an earlier step was interrupted midway, so the other tensor-parallel ranks "
+                                   "are still inside it; close this LLM (llm.close()) and load a new one")
 
     def forget(self, what: tuple) -> None:
         self._drops.append(what)
 
     def add_engine(self, config, pool) -> int:
+        self._check_not_interrupted()
         key = next(self.engines)
         if pool is not None:
             self._pools[id(pool)] = key
