@@ -57,14 +57,18 @@ class Channel:
         # when rank 0 was interrupted in between (Ctrl-C), so the others may be inside a collective
         self.busy = False
 
-    def _broadcast(self, t: torch.Tensor) -> None:
+    def _wait(self, start) -> None:
+        """Run one collective (`start()` -> its work) to its end; a failure is `on_error`'s error."""
         if self.down is not None:
             from specfold.errors import DistributedError
             raise DistributedError(self.down)
         try:
-            self.group.broadcast(t, 0).wait()
+            start().wait()
         except RuntimeError as e:
             raise (self.on_error(e) if self.on_error is not None else e) from None
+
+    def _broadcast(self, t: torch.Tensor) -> None:
+        self._wait(lambda: self.group.broadcast(t, 0))
 
     def send(self, obj) -> None:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -75,13 +79,7 @@ class Channel:
         """Every rank's SHA-256 of `obj` (pickled), gathered on every rank: the ranks compare state."""
         mine = torch.frombuffer(bytearray(hashlib.sha256(pickle.dumps(obj)).digest()), dtype=torch.uint8)
         out = [[torch.empty(32, dtype=torch.uint8) for _ in range(self.group.size())]]
-        if self.down is not None:
-            from specfold.errors import DistributedError
-            raise DistributedError(self.down)
-        try:
-            self.group.allgather(out, [mine]).wait()
-        except RuntimeError as e:
-            raise (self.on_error(e) if self.on_error is not None else e) from None
+        self._wait(lambda: self.group.allgather(out, [mine]))
         return [ctypes.string_at(t.data_ptr(), 32) for t in out[0]]
 
     def recv(self):

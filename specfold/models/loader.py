@@ -178,8 +178,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype, device: str | torch.
     return model, spec, config
 
 
-def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel = ONE,
-            mapped: "Mapped | None" = None) -> list[tuple[str, torch.Tensor]] | None:
+def _pieces(name: str, sf, spec: ModelSpec, params: dict, par: Parallel,
+            mapped: "Mapped") -> list[tuple[str, torch.Tensor]] | None:
     """The canonical (name, tensor) pieces of checkpoint tensor `name` that the model has: this
     rank's slice of each, an expert slot renumbered among the experts the rank holds (None: an
     expert another rank holds, not read)."""
@@ -212,10 +212,10 @@ def _local_slot(canon: str, params: dict, par: Parallel) -> str | None:
     return f"{base}[{e - lo}]" if lo <= e < hi else None
 
 
-def _read(sf, mapped: "Mapped | None", name: str, canon: str, par: Parallel) -> torch.Tensor:
+def _read(sf, mapped: "Mapped", name: str, canon: str, par: Parallel) -> torch.Tensor:
     """This rank's slice of a checkpoint tensor (the whole tensor when it is replicated)."""
-    cut = _cut(canon, tuple(sf.get_slice(name).get_shape()), par)
-    if cut is None or mapped is None:
+    cut = _cut(canon, tuple(mapped.header[name]["shape"]), par)
+    if cut is None:
         return sf.get_tensor(name)
     return mapped.slice(name, *cut)
 
