@@ -65,8 +65,19 @@ def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[
     out = {"vanilla": DecodeParams(**base)}
     for m in methods:
         for b in budgets:
-            out[f"{m} {b}"] = DecodeParams(**base, **METHODS[m], draft_budget=b)
+            out[f"{m} {b}"] = DecodeParams(**base, **METHODS[m], draft_budget="auto" if b == MODEL else b)
     return out
+
+
+MODEL = "model"  # the earlier auto chooser (cost model + acceptance estimates), beside the bandit (issue 42)
+AUTOS = ("auto", MODEL)
+
+
+def _model_chooser(engine) -> None:
+    """Give `engine` the earlier chooser of engine/budget.py in place of the bandit."""
+    from specfold.engine.budget import BudgetChooser
+    engine.budget = BudgetChooser(engine.config, engine.model, engine.spec, engine.program)
+    engine.runner.fold_roots = engine.budget.cost is not None and engine.budget.cost.fold_roots
 
 
 FULL_LAST = " full-last"  # a config name ending so runs with the folded verifier's last layer on every row
@@ -98,6 +109,9 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
     of the cell (its cost model, acceptance estimates, probes: what it had learnt)."""
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
     engines = {name: llm.engine(p.split()[0]) for name, p in params.items()}
+    for name, eng in engines.items():
+        if name.endswith(" " + MODEL):
+            _model_chooser(eng)
     sps = {name: p.split()[1] for name, p in params.items()}
     for name in params:  # warm-up (untimed): calibration or its cache, a first acceptance estimate
         with _last_layer(name):
@@ -126,7 +140,7 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
                                    "nfe": sum(o.stats.nfe for o in outs), "n": len(outs),
                                    "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets),
                                    "predicted": pred, "measured": meas})
-    return recs, {name: engines[name].budget.report() for name in params if name.endswith(" auto")}
+    return recs, {name: engines[name].budget.report() for name in params if name.split()[-1] in AUTOS}
 
 
 @contextlib.contextmanager
@@ -202,27 +216,33 @@ def verdicts(rows: list[dict], methods: list[str]) -> list[str]:
     by = {r["config"]: r for r in rows if not r["config"].endswith(FULL_LAST)}  # the verdicts: this code's
     out = []
     for m in methods:
-        auto = by.get(f"{m} auto")
-        fixed = [r for k, r in by.items() if k.startswith(m + " ") and k != f"{m} auto"]
-        if auto is None or not fixed:
-            continue
-        best = max(fixed, key=lambda r: r["x_pair"])
-        rel = auto["x_pair"] / best["x_pair"]
-        # auto against every fixed budget in the same unit (median over units); the worst of them
-        direct, worst = min((_median([a / b for a, b in zip(auto["unit_rates"], r["unit_rates"])]), r["config"])
-                            for r in fixed)
-        zero = by.get(f"{m} 0")  # budget 0 does vanilla's work: its ratio is what the cell can resolve
-        if zero is not None:
-            lo, hi = zero["x_pair_iqr"]
-            out.append(f"{m}: resolution: budget 0 (vanilla's work) {zero['x_pair']:.3f}x vanilla, paired median over "
-                       f"{zero['units']} units (quartiles {lo:.3f}-{hi:.3f}); auto's quartiles "
-                       f"{auto['x_pair_iqr'][0]:.3f}-{auto['x_pair_iqr'][1]:.3f}")
-        out.append(f"{m}: auto {auto['x_pair']:.2f}x vanilla (paired median; aim >= 0.97: "
-                   f"{'met' if auto['x_pair'] >= 0.97 else 'NOT met'}); best fixed {best['config'].split()[1]} "
-                   f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (ratio of the two medians against vanilla), "
-                   f"{direct:.3f} (auto against the fixed budget it trails most, {worst.split()[1]}, in the same unit, median; aim >= 0.97: "
-                   f"{'met' if direct >= 0.97 else 'NOT met'}); "
-                   f"auto chose (drafts per verification: verifications) {auto['budgets']}, mean {auto['mean_budget']:.2f}")
+        fixed = [r for k, r in by.items() if k.startswith(m + " ") and k.split()[-1] not in AUTOS]
+        for which in AUTOS:
+            auto = by.get(f"{m} {which}")
+            if auto is not None and fixed:
+                out += _verdict(m, which, auto, fixed, by)
+    return out
+
+
+def _verdict(m: str, which: str, auto: dict, fixed: list[dict], by: dict) -> list[str]:
+    out = []
+    best = max(fixed, key=lambda r: r["x_pair"])
+    rel = auto["x_pair"] / best["x_pair"]
+    # auto against every fixed budget in the same unit (median over units); the worst of them
+    direct, worst = min((_median([a / b for a, b in zip(auto["unit_rates"], r["unit_rates"])]), r["config"])
+                        for r in fixed)
+    zero = by.get(f"{m} 0")  # budget 0 does vanilla's work: its ratio is what the cell can resolve
+    if zero is not None:
+        lo, hi = zero["x_pair_iqr"]
+        out.append(f"{m}: resolution: budget 0 (vanilla's work) {zero['x_pair']:.3f}x vanilla, paired median over "
+                   f"{zero['units']} units (quartiles {lo:.3f}-{hi:.3f}); auto's quartiles "
+                   f"{auto['x_pair_iqr'][0]:.3f}-{auto['x_pair_iqr'][1]:.3f}")
+    out.append(f"{m}: {which} {auto['x_pair']:.2f}x vanilla (paired median; aim >= 0.97: "
+               f"{'met' if auto['x_pair'] >= 0.97 else 'NOT met'}); best fixed {best['config'].split()[1]} "
+               f"{best['x_pair']:.2f}x; auto/best {rel:.3f} (ratio of the two medians against vanilla), "
+               f"{direct:.3f} (auto against the fixed budget it trails most, {worst.split()[1]}, in the same unit, median; aim >= 0.97: "
+               f"{'met' if direct >= 0.97 else 'NOT met'}); "
+               f"auto chose (drafts per verification: verifications) {auto['budgets']}, mean {auto['mean_budget']:.2f}")
     return out
 
 
@@ -230,7 +250,7 @@ def table(rows: list[dict]) -> str:
     lines = ["| config | tok/CPU-s | (×v) | paired ×v | best-of-rounds ×v | tok/s | (×v) | NFE/req | match "
              "| drafts/verif. (auto: chosen) | pred/meas |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        bud = "" if not r["budgets"] else f"{r['mean_budget']:.2f} {r['budgets']}" if r["config"].endswith("auto") \
+        bud = "" if not r["budgets"] else f"{r['mean_budget']:.2f} {r['budgets']}" if r["config"].split()[-1] in AUTOS \
             else f"{r['mean_budget']:.2f}"
         pm = "—" if r["pred_over_meas"] is None else f"{r['pred_over_meas']:.2f}"
         lines.append(f"| {r['config']} | {r['tpcpu']:.1f} | {r['x_cpu']:.2f} | {r['x_pair']:.2f} | {r['x_best']:.2f} | "
@@ -266,7 +286,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     methods = a.methods.split(",")
-    budgets = [b if b == "auto" else int(b) for b in a.budgets.split(",")]
+    budgets = [b if b in AUTOS else int(b) for b in a.budgets.split(",")]
     task = get_task("tiny")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     started = datetime.now(timezone.utc)

@@ -304,8 +304,10 @@ class BlockProgram:
             nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
             if entry.scored.logprobs is not None:
                 _keep_logprobs(st, entry.scored, nxt)
+            n = sum(1 for a, b in zip(st.tokens, nxt) if a != b)
+            cnt.filled += n
             if self.acceptance is not None:
-                self.acceptance.step(sum(1 for a, b in zip(st.tokens, nxt) if a != b))
+                self.acceptance.step(n)
             st.parent = Step(st.tokens, entry.scored, nxt, region, entry.ahead)
             self.policy.on_step(st.parent, ctx)
             st.tokens = nxt

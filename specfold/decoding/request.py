@@ -29,6 +29,7 @@ class Counters:
     reused_states: int = 0
     drafts_verified: int = 0
     eager_windows: int = 0
+    filled: int = 0  # positions the rule filled (the progress the draft-budget chooser measures)
     model_seconds: float = 0.0
     draft_seconds: float = 0.0
     node_drafts: Counter = field(default_factory=Counter)

@@ -364,7 +364,7 @@ class BudgetChooser:
         self._step_t0 = self.clock()
         self._shape = None
 
-    def end_step(self) -> float:
+    def end_step(self, filled: int = 0) -> float:
         """The step's work is done (before its deltas are built): returns its seconds on the cost
         clock; under auto budgets its host time (less the model call) refines the host terms."""
         total = self.clock() - self._step_t0

@@ -38,9 +38,9 @@ import torch
 from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
-from specfold.engine.budget import BudgetChooser
+from specfold.engine.bandit import BudgetChooser
 from specfold.engine.graphs import check_pool_fits, static_parts
-from specfold.engine.mirror import MirroredModel, MirroredRunner
+from specfold.engine.mirror import MirroredRunner
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
 from specfold.engine.scheduler import Scheduler
@@ -82,14 +82,10 @@ class Engine:
         self.new_cache = self.pool.new_cache if self.pool is not None else self.model.new_cache
         self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id, static)
         leader = getattr(llm, "leader", None)  # tensor parallelism: the other ranks replay the runner
-        timed = (self.model, None)
         if leader is not None:
             self.runner = MirroredRunner(leader, self.runner, self.config, self.pool)
-            mm = MirroredModel(leader, self.runner.key, self.model, self.program.verifier)
-            timed = (mm, mm.verifier)
         self.scheduler = Scheduler(self.config)
-        self.budget = BudgetChooser(self.config, timed[0], self.spec, self.program, verifier=timed[1])
-        self.runner.fold_roots = self.budget.cost is not None and self.budget.cost.fold_roots
+        self.budget = BudgetChooser(self.config, self.program, self.model.device)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -162,18 +158,20 @@ class Engine:
             results = self.runner.run(jobs)
             dt = time.perf_counter() - t0
             self.budget.observe(jobs, self.budget.clock() - c0, results)
-            i = 0
+            i = filled = 0
             for req, js in chosen:
                 for j in js:
                     if j.kind == "verify":
                         self.budget.record(len(j.tokens) - 1)
                 req.counters.model_seconds += dt
+                before = req.counters.filled
                 self.program.update(req, results[i: i + len(js)])
+                filled += req.counters.filled - before
                 i += len(js)
                 touched.append(req)
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
-            measured = self.budget.end_step()  # the whole step, on the cost model's clock
+            measured = self.budget.end_step(filled)  # the whole step, on the chooser's clock
             # auto: the steps the chooser predicted (their ratio is the cost model's calibration);
             # a fixed budget: every step
             if predicted is not None or not self.budget.auto:
