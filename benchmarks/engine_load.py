@@ -36,6 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import header, write_result  # noqa: E402 (benchmarks/, this script's folder)
 from specfold import LLM, EngineConfig, SamplingParams  # noqa: E402
 from specfold.decoding.drafts.graph import DraftGraph, GraphError  # noqa: E402
 
@@ -138,7 +139,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", default=None, help="unmask rule (default: the model's; static = k=1)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "engine_load.json"))
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args(argv)
+    head = header(a.note, None if argv is None else [__file__, *argv])
     torch.set_num_threads(a.threads)
     llm = LLM(a.model, dtype=a.dtype)
     concs = [int(x) for x in a.concurrency.split(",")]
@@ -165,8 +168,7 @@ def main(argv=None) -> int:
                       f"{r['mem_per_request_kib']:.0f} KiB/req  match {r['token_match']:.2f}", flush=True)
     meta = {"model": a.model, "dtype": a.dtype, "rule": a.rule, "requests": a.requests, "max_new_tokens": a.max_new_tokens,
             "threads": a.threads, "torch": torch.__version__}
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    write_result(a.out, head, {"meta": meta, "rows": rows})
     print(markdown(rows))
     print(f"wrote {a.out}")
     return 0

@@ -4,7 +4,9 @@ trees side by side (alternating, each in its own process, one thread, `--rounds`
 the ratios.
 
     python benchmarks/engine_overhead.py [--tree .] [--vs /path/to/old/checkout] [--rounds 2]
-        [--n 6] [--max-new-tokens 64] [--out benchmarks/results/engine_overhead.json]
+        [--n 6] [--max-new-tokens 64] [--out benchmarks/results/engine_overhead.json] [--note TEXT]
+
+Each tree's process inherits this one's CPU affinity (pin it with `taskset -c N`).
 
 "Inside the forwards" = time in `Transformer.forward_many` and `FoldVerifier.verify_many` (the model's
 packed calls; eager K/V writes and the head of a reused commit are outside). Everything else of a
@@ -21,6 +23,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import header, write_result  # noqa: E402
 
 METHODS = ("vanilla", "freedave", "spiffy", "specfold")
 RULES = ("native", "static")
@@ -70,11 +75,12 @@ def measure(tree: Path, n: int, max_new: int) -> dict:
 
 
 def side_by_side(a: argparse.Namespace) -> None:
+    head = header(a.note)
     runs: dict[str, list[dict]] = {"new": [], "old": []}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
     for _ in range(a.rounds):
         for name, tree in (("old", a.vs), ("new", a.tree)):
-            cmd = ["taskset", "-c", "1", sys.executable, __file__, "--tree", str(tree), "--n", str(a.n),
+            cmd = [sys.executable, __file__, "--tree", str(tree), "--n", str(a.n),
                    "--max-new-tokens", str(a.max_new_tokens), "--one"]
             res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tree))
             if res.returncode:
@@ -95,9 +101,9 @@ def side_by_side(a: argparse.Namespace) -> None:
         print(f"{c:28s} outside {t['outside_old']:.3f} -> {t['outside_new']:.3f}   tokens/s x{t['tok_s_ratio']:.2f}"
               f"   same tokens {same}   nfe {t['nfe_old']} -> {t['nfe_new']}")
     del best
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"table": table, "rounds": a.rounds, "n": a.n,
-                                       "max_new_tokens": a.max_new_tokens}, indent=1))
+    old_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=a.vs, capture_output=True, text=True).stdout.strip()
+    write_result(a.out, head, {"vs": {"tree": str(a.vs), "commit": old_commit or None}, "table": table,
+                               "rounds": a.rounds, "n": a.n, "max_new_tokens": a.max_new_tokens})
 
 
 def main() -> None:
@@ -109,6 +115,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default="benchmarks/results/engine_overhead.json")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
     if a.vs is not None:
         side_by_side(a)

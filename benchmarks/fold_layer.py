@@ -20,7 +20,7 @@ REV, timed in the same interleaved loop (`old ms`). `in-stack` = the same layer 
 verification: the PackPlan built once per verification and the QKV rows handed on by the layer
 before (its post-attention gate), so the layer makes one gate and one sync, not two.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py [--baseline 45c5eb5]
+    OMP_NUM_THREADS=1 PYTHONPATH=. .venv/bin/python benchmarks/fold_layer.py [--baseline 45c5eb5] [--out F.json]
 """
 
 from __future__ import annotations
@@ -106,7 +106,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="cpu | cuda")
     ap.add_argument("--backend", default="torch", help="fold backend: torch | triton (triton needs cuda)")
     ap.add_argument("--baseline", default=None, help="git revision whose fold_layer is timed alongside")
+    ap.add_argument("--out", default=None, help="write the rows here as JSON (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     args = ap.parse_args()
+    from provenance import header, write_result  # benchmarks/ (this script's folder)
+    head = header(args.note)
+    rows = []
     old_fold = None
     if args.baseline:
         import baseline
@@ -171,7 +176,16 @@ def main() -> None:
                   f"{t_fold * 1e3:.1f} | {t_old * 1e3:.1f} | {t_fold / t_dense:.2f} | {t_old / t_dense:.2f} | "
                   f"{bound:.2f} | {t_fold / t_dense / bound:.2f} | {t_rows / t_dense:.2f} | {t_fold / t_rows:.2f} | "
                   f"{t_stack * 1e3:.1f} | {t_stack / t_dense / bound:.2f} | {err:.1e} |", flush=True)
+            rows.append(dict(width=name, target=ratio, fold=st.fold_ratio, ffn_fold=st.ffn_fold_ratio,
+                             dense_ms=t_dense * 1e3, fold_ms=t_fold * 1e3, rows_ms=t_rows * 1e3,
+                             in_stack_ms=t_stack * 1e3, old_ms=None if old_fold is None else t_old * 1e3,
+                             bound=bound, max_abs_diff=err))
         del w
+    if args.out:
+        settings = dict(B=len(PAR) - 1, N=args.N, prefix=args.prefix, delta=args.delta, reps=args.reps,
+                        threads=args.threads, device=args.device, backend=args.backend, baseline=args.baseline,
+                        dtype="float32", weights="random")
+        write_result(args.out, head, {"settings": settings, "rows": rows})
 
 
 if __name__ == "__main__":

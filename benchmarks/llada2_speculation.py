@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from provenance import header, write_result  # noqa: E402 (benchmarks/, this script's folder)
 from specfold import LLM, DecodeParams  # noqa: E402
 from specfold.decoding.drafts import graph as G  # noqa: E402
 from specfold.decoding.drafts.calibrate import calibrate  # noqa: E402
@@ -99,8 +99,10 @@ def main() -> None:
     ap.add_argument("--calib", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--deltas", type=float, nargs="*", default=[0.0, 0.05, 0.2, 0.5])
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="write the report here as JSON (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
+    head = header(a.note)
     tmp = Path(tempfile.mkdtemp())
     folder, cfg, w = C.make(tmp / "ckpt", seed=0, head_scale=4.0, eos_boost=1.0, **SHAPE)
     llm = LLM(folder, dtype="float64", overrides=C.overrides(cfg))
@@ -108,8 +110,7 @@ def main() -> None:
     ev, cal = prompts(a.n, V, 1), prompts(a.calib, V, 2)
     n = a.max_new_tokens
     report = {"shape": SHAPE, "n": a.n, "calib": a.calib, "max_new_tokens": n, "dtype": "float64",
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                       cwd=ROOT).stdout.strip(), "rules": {}, "fold": {}}
+              "weights": "random", "rules": {}, "fold": {}}
     for name, kw in SETTINGS.items():
         base = DecodeParams(max_new_tokens=n, draft_budget=64, **kw)
         graph = calibrate(llm, cal, base, branches=7)
@@ -143,7 +144,7 @@ def main() -> None:
                                       match=sum(x == y for x, y in zip(r["ids"], van)) / len(van), nfe=r["nfe"])
         print("delta", d, report["fold"][str(d)], flush=True)
     if a.out:
-        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+        write_result(a.out, head, report)
 
 
 if __name__ == "__main__":

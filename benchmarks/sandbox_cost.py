@@ -5,7 +5,7 @@ them (bwrap + seccomp + interpreter start + guard + the program + teardown), nex
 start-up of a bare `python -I -S -c pass` measured in the same run (the floor any
 out-of-process executor pays here).
 
-    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/sandbox_cost.py
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/sandbox_cost.py [--out F.json]
 """
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import time
 
 from specfold.eval.sandbox import isolation
 from specfold.eval.tasks import get_task
+
+from provenance import header, write_result  # benchmarks/ (this script's folder)
 
 
 def bare_startup(n: int) -> list[float]:
@@ -31,7 +33,10 @@ def bare_startup(n: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--limit", type=int, default=None, help="first N problems (default: all 164)")
+    ap.add_argument("--out", default=None, help="write the figures here as JSON (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     args = ap.parse_args()
+    head = header(args.note)
     print(f"isolation: {isolation()}")
     task = get_task("humaneval")
     samples = task.load(None, limit=args.limit)
@@ -47,6 +52,12 @@ def main() -> None:
     print(f"sandboxed run, s/program: median {statistics.median(secs):.3f}  p90 {q[-1]:.3f}  max {max(secs):.3f}")
     print(f"bare python -I -S start-up, s: median {statistics.median(bare):.3f}")
     print(f"ratio of medians (sandboxed / bare start-up): {statistics.median(secs) / statistics.median(bare):.2f}")
+    if args.out:
+        write_result(args.out, head, {
+            "isolation": isolation(), "programs": len(samples), "passed": len(samples) - len(failed),
+            "failed": [list(f) for f in failed], "median_s": statistics.median(secs), "p90_s": q[-1],
+            "max_s": max(secs), "bare_median_s": statistics.median(bare),
+            "ratio": statistics.median(secs) / statistics.median(bare)})
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import header, write_result  # noqa: E402
 CLI = "import sys; from specfold.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -128,8 +130,10 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--baseline", default=None, help="also measure the server of this commit")
     ap.add_argument("--direct", action="store_true", help="also run the requests through an in-process Engine")
-    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("--json", "--out", dest="json", default=None, help="write the rows here (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
+    head = header(a.note)
     rows_in = (ROOT / "specfold/tiny/model/heldout.jsonl").read_text().splitlines()
     questions = [json.loads(r)["question"] for r in rows_in[:32]]
     levels = [int(c) for c in a.concurrency.split(",")]
@@ -162,7 +166,8 @@ def main() -> int:
                 proc.terminate()
                 proc.wait(30)
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+        write_result(a.json, head, {"settings": {"requests": a.requests, "max_tokens": a.max_tokens, "model": "tiny",
+                                                 "baseline": a.baseline}, "rows": rows})
     return 0
 
 

@@ -17,7 +17,9 @@ Three parts (`--parts`):
 script extracts that revision's `specfold/` into a temporary folder as package `specfold_base`
 (imports rewritten) and builds the old verifier on the same model object.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/specfold_verify.py --baseline 45c5eb5
+    OMP_NUM_THREADS=1 PYTHONPATH=. python benchmarks/specfold_verify.py --baseline 45c5eb5 [--out F.json]
+
+`--out` writes every part's rows as JSON, with the run's header (benchmarks/provenance.py).
 """
 from __future__ import annotations
 
@@ -96,6 +98,8 @@ def part_tiny(a, Old) -> None:
     print("| δ | batches | dense ms | new fold ms | new/dense | old fold ms | old/dense | new fold ratio "
           "(excl. layer 0) / FFN | old fold ratio (excl. layer 0) / FFN | max abs logit diff new vs dense |")
     print("|---|---|---|---|---|---|---|---|---|---|")
+    out = {"batches": len(batches), "with_drafts": len(with_drafts), "mean_branches": mean_b, "rule": a.rule,
+           "prompts": a.prompts, "reps": a.reps, "rows": []}
     for delta in (float(x) for x in a.deltas.split(",")):
         for label, bs in (("all", batches), ("with drafts", with_drafts)):
             vs = {"dense": DenseVerifier(m), "new": FoldVerifier(m, delta)}
@@ -107,6 +111,11 @@ def part_tiny(a, Old) -> None:
             diff = max_diff(bs[:20], vs["new"], vs["dense"])
             print(f"| {delta} | {label} ({len(bs)}) | {t['dense'] * 1e3 / len(bs):.2f} | {t['new'] * 1e3 / len(bs):.2f} "
                   f"| {t['new'] / t['dense']:.2f}x | {old} | {ratios} | {diff:.1e} |", flush=True)
+            out["rows"].append({"delta": delta, "batches": label, "n": len(bs), "dense_ms": t["dense"] * 1e3 / len(bs),
+                                "fold_ms": t["new"] * 1e3 / len(bs),
+                                "old_ms": t["old"] * 1e3 / len(bs) if "old" in t else None,
+                                "fold": reports.get("new"), "old_fold": reports.get("old"), "max_abs_logit_diff": diff})
+    return out
 
 
 def _ratios(rep: dict) -> str:
@@ -155,9 +164,14 @@ def part_e2e(a, Old) -> None:
     print("| method | NFE | tokens/s | × vanilla | tokens match vanilla |")
     print("|---|---|---|---|---|")
     v = toks["vanilla"] / secs["vanilla"]
+    rows = []
     for k in decs:
         match = sum(x == y for x, y in zip(out[k], out["vanilla"])) / len(out[k])
         print(f"| {k} | {nfe[k]} | {toks[k] / secs[k]:.1f} | {toks[k] / secs[k] / v:.2f} | {match:.3f} |", flush=True)
+        rows.append({"method": k, "nfe": nfe[k], "tokens_per_s": toks[k] / secs[k], "x_vanilla": toks[k] / secs[k] / v,
+                     "match": match})
+    return {"rule": a.e2e_rule, "delta": a.e2e_delta, "prompts": len(qs), "reps": a.e2e_reps,
+            "root_only": root_only, "verifications": ver, "rows": rows}
 
 
 def part_05b(a, Old) -> None:
@@ -197,6 +211,7 @@ def part_05b(a, Old) -> None:
     dense = DenseVerifier(m)
     t_dense, ref = timed(lambda: dense(toks, parents, pos, cache, mask, outi))
     print(f"| dense (B+1 = 8) | {t_dense * 1e3:.0f} | 1.00x | - | - | 0 |")
+    rows = [{"verifier": "dense", "delta": None, "ms": t_dense * 1e3}]
     for delta in (float(x) for x in a.deltas.split(",")):
         for label, cls in (("new", FoldVerifier), ("old", Old)):
             if cls is None:
@@ -211,6 +226,9 @@ def part_05b(a, Old) -> None:
             fx = "" if fx is None else f" ({fx:.2f})"
             print(f"| {label} folded δ={delta} | {t * 1e3:.0f} | {t_dense / t:.2f}x | {rep['fold_ratio']:.2f}{fx} | "
                   f"{rep['ffn_fold_ratio']:.2f} | {(r - ref).abs().max().item():.1e} |", flush=True)
+            rows.append({"verifier": label, "delta": delta, "ms": t * 1e3, "fold": rep,
+                         "max_abs_logit_diff": (r - ref).abs().max().item()})
+    return {"rows": rows}
 
 
 def main() -> None:
@@ -226,7 +244,11 @@ def main() -> None:
     ap.add_argument("--e2e-prompts", type=int, default=20)
     ap.add_argument("--e2e-reps", type=int, default=1)
     ap.add_argument("--baseline", default=None, help="git revision whose FoldVerifier runs alongside")
+    ap.add_argument("--out", default=None, help="write every part's rows here as JSON (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
+    from provenance import header, write_result  # benchmarks/ (this script's folder)
+    head = header(a.note)
     torch.set_num_threads(a.threads)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "specfold", "benchmarks"], capture_output=True,
@@ -236,8 +258,10 @@ def main() -> None:
           f"{a.baseline or '-'}, float32, {a.threads} thread(s), torch {torch.__version__}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}")
     parts = {"tiny": part_tiny, "e2e": part_e2e, "0.5b": part_05b}
-    for name in a.parts.split(","):
-        parts[name](a, Old)
+    results = {name: parts[name](a, Old) for name in a.parts.split(",")}
+    if a.out:
+        write_result(a.out, head, {"settings": {"threads": a.threads, "baseline": a.baseline, "dtype": "float32"},
+                                   "parts": results})
 
 
 if __name__ == "__main__":

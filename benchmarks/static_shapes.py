@@ -23,8 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import torch  # noqa: E402
+from provenance import header, write_result  # noqa: E402
 
 from specfold import LLM, EngineConfig, SamplingParams  # noqa: E402
 
@@ -61,7 +63,9 @@ def main() -> None:
     ap.add_argument("--draft-budget", default="7")
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "static_shapes.json"))
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
+    head = header(a.note)
     torch.set_num_threads(1)
     llm = LLM("tiny", dtype="float32")
     rows = [json.loads(x) for x in (ROOT / "specfold" / "tiny" / "model" / "heldout.jsonl").read_text().splitlines()]
@@ -85,8 +89,7 @@ def main() -> None:
             table.append(row)
             print(f"| {method} | {label} | {row['tokens_s_off']:.1f} | {row['tokens_s_on']:.1f} | {row['ratio']:.2f}x | "
                   f"{row['rows_ratio']:.2f} | {row['buckets']} | {row['same_tokens']}, {row['same_nfe']} |", flush=True)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"args": vars(a), "rows": table}, indent=1) + "\n")
+    write_result(a.out, head, {"args": {k: v for k, v in vars(a).items() if k not in ("out", "note")}, "rows": table})
 
 
 if __name__ == "__main__":

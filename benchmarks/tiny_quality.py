@@ -23,6 +23,8 @@ from specfold import LLM, DecodeParams
 from specfold.eval.numeric import extract_number, numbers_equal
 from specfold.tiny.data import load_jsonl, well_formed
 
+from provenance import header, write_result  # benchmarks/ (this script's folder)
+
 RULES = {
     "static k=1": dict(rule="static", tokens_per_step=1),
     "threshold 0.5": dict(rule="threshold", threshold=0.5),
@@ -47,13 +49,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--rules", nargs="*", default=list(RULES), help=f"subset of {list(RULES)}")
-    ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--json", "--out", dest="json", default=None, help="write the results here (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     ap.add_argument("--quality", default=None,
                     help="also write the quality record that `specfold bench` is tested against "
                          "(specfold/tiny/model/quality.json)")
     ap.add_argument("--show", type=int, default=0, help="print this many wrong answers per rule")
     ap.add_argument("--oracle", action="store_true", help="also print the Bayes-optimal oracle's curve")
     a = ap.parse_args()
+    head = header(a.note)
     torch.set_num_threads(a.threads)
     llm = LLM(a.model, dtype="float32", device="cpu")
     folder = Path(llm.path) if hasattr(llm, "path") else None
@@ -106,7 +110,7 @@ def main() -> None:
             print(f"oracle {name:<19}{r['accuracy']:>9.3f}  broken {r['broken']:.3f}"
                   f"  tok/fwd {r['tokens_per_forward']:.2f}", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=2) + "\n")
+        write_result(a.json, head, results)
     if a.quality:
         Path(a.quality).write_text(json.dumps(quality) + "\n")
 
