@@ -3,7 +3,7 @@ one shared expert), random float32 weights: specfold's routed experts against a 
 of every expert on every row. Time and peak memory above the resident weights, per row count.
 
     MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 taskset -c 1 .venv/bin/python \
-        benchmarks/moe_layer.py [--rows 32 128 512] [--repeats 3] [--methods routed-loop ...] [--no-warmup]
+        benchmarks/moe_layer.py [--rows 32 128 512] [--repeats 3] [--methods routed-loop ...] [--no-warmup] [--out F.json]
 
 Methods: `routed-loop` (models/moe.py: rows sorted by expert, one GEMM per non-empty expert),
 `routed-grouped` (the same through torch's grouped GEMM: the float32 default), `dense-loop` (each of the
@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 from specfold.models import moe as moe_mod
 from specfold.models.moe import MoE
+
+from provenance import header, write_result  # benchmarks/ (this script's folder)
 
 D, E, INTER, TOP, GROUPS, KEPT = 2048, 256, 512, 8, 8, 4
 
@@ -105,7 +107,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed first call")
+    ap.add_argument("--out", default=None, help="write the rows here as JSON (with the run's header)")
+    ap.add_argument("--note", default="", help="what the run shared the machine with (the result's machine note)")
     a = ap.parse_args()
+    head = header(a.note)
+    results = []
     torch.set_num_threads(1)
     m = build()
     print(f"weights resident: {sum(p.numel() for p in m.parameters()) * 4 / 2**30:.2f} GiB (float32)")
@@ -123,6 +129,12 @@ def main() -> None:
                 print(f"| {rows} | {name} | {secs:.2f} | {cpu:.2f} | {peak:.0f} | {touched} | {diff:.1e} |",
                       flush=True)
                 assert diff <= 1e-3 * ref.abs().max().item(), (name, diff)
+                results.append(dict(rows=rows, method=name, wall_s=secs, cpu_s=cpu, peak_mib=peak, experts_touched=touched,
+                                    max_abs_diff=diff))
+    if a.out:
+        shape = dict(hidden=D, experts=E, expert_width=INTER, top_k=TOP, groups=GROUPS, groups_kept=KEPT, shared_experts=1)
+        write_result(a.out, head, {"settings": {"shape": shape, "dtype": "float32", "weights": "random",
+                                                "repeats": a.repeats, "warmup": not a.no_warmup}, "rows": results})
 
 
 if __name__ == "__main__":
