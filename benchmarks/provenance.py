@@ -6,8 +6,8 @@
     write_result(path, head, {"rows": rows})   # the header's fields first, then the payload
 
 Fields (benchmarks/report.py reads them; it never runs a benchmark):
-- `command`: the command line as run, relative to the repository root, with `OMP_NUM_THREADS` and the
-  CPU affinity (`taskset -c`) when they were set;
+- `command`: the command line as run, relative to the repository root, with the variables of `ENV` and
+  the CPU affinity (`taskset -c`) when they were set;
 - `commit`: the full hash of HEAD of the tree the script ran from, and `tree_dirty`: whether its
   tracked files had uncommitted changes (then the figures are not that commit's alone);
 - `date`: the start, UTC, ISO 8601; `seconds`: how long the run took;
@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+ENV = ("OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_")  # the variables that change what a benchmark measures
 
 
 def _git(*args: str) -> str:
@@ -66,9 +67,7 @@ def command(argv: list[str] | None = None) -> str:
         script_s = str(script.relative_to(ROOT))
     except ValueError:
         script_s = argv[0]
-    parts = []
-    if "OMP_NUM_THREADS" in os.environ:
-        parts.append(f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}")
+    parts = [f"{k}={os.environ[k]}" for k in ENV if k in os.environ]
     cpus = _affinity()
     if cpus is not None and len(cpus) < (os.cpu_count() or len(cpus)):
         parts.append(f"taskset -c {','.join(map(str, cpus))}")
