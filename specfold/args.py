@@ -1,13 +1,21 @@
-"""The argparse pieces every command shares: model, decoding and engine flags, and how they become
-an `LLM`, `DecodeParams` and `EngineConfig`. Commands (cli.py and the command modules of eval,
-serve, ray, tiny, calibrate_cli, widen_cli) import them from here, never from cli.py.
+"""The argparse pieces every command shares: model and parallelism flags, the settings flags, and how
+they become an `LLM`, an `EngineConfig` and `SamplingParams`. Commands (cli.py and the command modules
+of eval, serve, ray, tiny, calibrate_cli, widen_cli) import them from here, never from cli.py.
+
+The settings flags are made from the fields of `EngineConfig` and `SamplingParams` (`add_settings`):
+one flag per field, `--field-name`, its type from the annotation, its default and help from the field
+(params.py's `setting` metadata); a boolean gets `--x/--no-x`. Each value is checked by the dataclass
+as it is parsed, so a bad one is one line naming the flag; checks across fields come when the flags
+become the dataclasses (`engine_config_from_args`, `sampling_from_args`), before any model loads.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
-from specfold.params import CONFIDENCES, RULES
+from specfold.errors import ParamsError
+from specfold.params import EngineConfig, SamplingParams
 
 
 def _int_at_least(text: str, lo: int, what: str) -> int:
@@ -26,11 +34,6 @@ def positive_int(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "an integer >= 0")
-
-
-def draft_budget(text: str):
-    """--draft-budget: 'auto' or an integer >= 0."""
-    return text if text == "auto" else _int_at_least(text, 0, "'auto' or an integer >= 0")
 
 
 def add_model_args(ap: argparse.ArgumentParser, parallel: bool = True) -> None:
@@ -63,77 +66,112 @@ def add_parallel_args(ap: argparse.ArgumentParser) -> None:
                         "placement group (needs the 'ray' extra)")
 
 
+SETTINGS = (EngineConfig, SamplingParams)
+GROUPS = {EngineConfig: "engine (EngineConfig: fixed per engine)",
+          SamplingParams: "sampling (SamplingParams: per request)"}
+
+
+def flag(name: str) -> str:
+    """The flag of a settings field: `--max-new-tokens` for `max_new_tokens`."""
+    return "--" + name.replace("_", "-")
+
+
+def add_settings(ap: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per field of EngineConfig and SamplingParams, but those in `exclude` (fields that mean
+    nothing to this command); a command's defaults are the fields' (or their `cli_default`)."""
+    for cls in SETTINGS:
+        g = ap.add_argument_group(GROUPS[cls])
+        for f in dataclasses.fields(cls):
+            if f.name not in exclude:
+                _add_field(g, cls, f)
+
+
+def _add_field(g, cls, f: dataclasses.Field) -> None:
+    meta, base = f.metadata, f.type.replace(" | None", "")
+    default = meta.get("cli_default", f.default)
+    help_ = meta["help"] + (f" (default: {default})" if default is not None else "")
+    if f.name == "method":  # the registry names (decoding/methods imports no torch)
+        from specfold.decoding.methods import BUILTIN
+        help_ += f"; one of {', '.join(BUILTIN)}"
+    kw = {"default": default, "metavar": meta.get("metavar") or _METAVARS.get(base), "dest": f.name}
+    if base == "bool":
+        action = g.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kw)
+    elif base == "list[str]":
+        action = g.add_argument(flag(f.name), action="append", type=_checked(cls, f.name, str, listed=True), **kw)
+    else:
+        action = g.add_argument(flag(f.name), type=_checked(cls, f.name, _CONVERT[base]), choices=meta.get("choices"),
+                                **kw)
+    action.help = help_.replace("%", "%%")  # set after: BooleanOptionalAction would append its own default
+
+
+def _number(cast, what: str):
+    def convert(text: str):
+        try:
+            return cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    return convert
+
+
+def _int_or_word(text: str):
+    """`int | str` (draft_budget): an integer when the text is one, else the word ('auto')."""
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+# a field's annotation (without "| None") -> how its flag's text becomes a value (then checked by the dataclass)
+_CONVERT = {"int": _number(int, "an integer"), "float": _number(float, "a number"), "str": str, "object": str,
+            "int | str": _int_or_word, "list[int]": _int_list}
+
+
+_METAVARS = {"int": "N", "float": "X"}
+
+
+def _checked(cls, name: str, convert, listed: bool = False):
+    """The argparse type of field `name`: the text converted, then checked by `cls` itself (its own
+    one-line message, after argparse's "argument --flag:")."""
+    def parse(text: str):
+        value = convert(text)
+        try:
+            cls(**{name: [value] if listed else value})
+        except ParamsError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    parse.__name__ = name
+    return parse
+
+
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    from specfold.decoding.methods import BUILTIN
-    g = ap.add_argument_group("decoding")
-    g.add_argument("--method", default="vanilla", help=f"one of {', '.join(BUILTIN)}")
-    g.add_argument("--rule", choices=RULES, default=None, help="unmask rule (default: the family's)")
-    g.add_argument("--block-size", type=int)
-    g.add_argument("--sub-block-size", type=int)
-    g.add_argument("--tokens-per-step", type=int, help="k of the static/dynamic rules")
-    g.add_argument("--threshold", type=float)
-    g.add_argument("--confidence", choices=CONFIDENCES)
-    g.add_argument("--steps", type=int, help="llada / llada2: steps per block; dream: total steps")
-    g.add_argument("--edit-threshold", type=float, help="llada2_edit: a written token is rewritten when p > this")
-    g.add_argument("--max-post-steps", type=nonnegative_int,
-                   help="llada2_edit: forwards a block may run once it has no mask")
-    g.add_argument("--max-new-tokens", type=positive_int, default=256)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--no-chat-template", action="store_true", help="send the prompt text as is")
-    g.add_argument("--no-early-stop", action="store_true")
-    g.add_argument("--draft-depth", type=int, default=8, help="FreeDave chain depth")
-    g.add_argument("--eager", action="store_true", help="FreeDave drafts may reach into the next block")
-    g.add_argument("--branches", type=int, default=7, help="Spiffy/SpecFold draft branches")
-    g.add_argument("--graph", default=None, help="Spiffy draft graph JSON")
-    g.add_argument("--graph-depth", type=positive_int, default=None,
-                   help="Spiffy/SpecFold: use only the graph's nodes at most this deep (default: all)")
-    g.add_argument("--delta", type=float, default=0.05, help="SpecFold fold threshold (default 0.05: the sweep in BENCHMARKS.md)")
-    g.add_argument("--drafts", default="spiffy", choices=["spiffy", "freedave"], help="SpecFold draft policy")
-    g.add_argument("--backend", default="torch", choices=["torch", "triton"], help="SpecFold kernels")
-    g.add_argument("--draft-budget", type=draft_budget, default="auto", metavar="auto|N",
-                   help="drafts a verification verifies: 'auto' (default: chosen every step from this machine's "
-                        "measured cost and the drafts' acceptance) or N >= 0 (the first N; 0 = none); tokens "
-                        "never change")
+    """Every settings flag (the name the commands used before `add_settings`)."""
+    add_settings(ap)
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """Scheduler settings of the engine (`EngineConfig`), shared by `generate` and `serve`."""
-    g = p.add_argument_group("engine")
-    g.add_argument("--max-num-seqs", type=positive_int, default=64, help="requests decoded at once")
-    g.add_argument("--max-num-batched-tokens", type=positive_int, default=8192,
-                   help="token rows of one engine step (at least one forward always runs)")
-    g.add_argument("--static-shapes", action="store_true",
-                   help="a pooled KV cache and every step padded to bucket sizes (the same tokens)")
-    g.add_argument("--cuda-graphs", action="store_true",
-                   help="CUDA only: one captured CUDA graph per bucket (implies --static-shapes)")
-    g.add_argument("--max-seq-len", type=positive_int, default=None,
-                   help="static shapes: prompt + max new tokens one request may hold (default: min(context, 2048))")
+def _from_args(cls, a: argparse.Namespace):
+    return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if hasattr(a, f.name)})
 
 
-_ENGINE_FLAGS = ("method", "rule", "block_size", "sub_block_size", "tokens_per_step", "threshold", "confidence",
-                 "steps", "edit_threshold", "max_post_steps", "draft_depth", "eager", "branches", "graph",
-                 "graph_depth", "delta", "drafts", "backend", "draft_budget", "max_num_seqs",
-                 "max_num_batched_tokens", "max_waiting", "static_shapes", "cuda_graphs", "max_seq_len")
+def engine_config_from_args(a: argparse.Namespace) -> EngineConfig:
+    """The `EngineConfig` of the settings flags (checked across fields here: bad settings fail before
+    the model is loaded); a field without a flag on this command keeps its default."""
+    return _from_args(EngineConfig, a)
 
 
-def engine_config_from_args(a: argparse.Namespace):
-    """The `EngineConfig` of the decode and engine flags (validated here: bad settings fail before the
-    model is loaded)."""
-    from specfold.params import EngineConfig
-    kw = {f: getattr(a, f) for f in _ENGINE_FLAGS if hasattr(a, f)}
-    return EngineConfig(**kw, early_stop=not a.no_early_stop)
-
-
-def sampling_from_args(a: argparse.Namespace):
-    """The `SamplingParams` of the sampling flags (every request of a `generate` run takes them)."""
-    from specfold.params import SamplingParams
-    return SamplingParams(max_new_tokens=a.max_new_tokens, temperature=a.temperature, seed=a.seed,
-                          chat_template=not a.no_chat_template)
+def sampling_from_args(a: argparse.Namespace) -> SamplingParams:
+    """The `SamplingParams` of the settings flags (every request of a run takes them)."""
+    return _from_args(SamplingParams, a)
 
 
 def params_from_args(a: argparse.Namespace):
-    """The all-in-one `DecodeParams` of the flags, for the commands that take one per run (calibrate,
+    """The pair of the flags as one `DecodeParams`, for the commands that vary both per run (calibrate,
     bench, eval: their sweeps vary engine and sampling settings together)."""
     from specfold.params import DecodeParams
     return DecodeParams.join(engine_config_from_args(a), sampling_from_args(a))

@@ -21,7 +21,7 @@ import sys
 
 from specfold.interrupts import Terminated, exit_quietly, handling_signals
 from specfold.args import (  # noqa: F401 (re-exported for callers of the older location)
-    add_decode_args, add_engine_args, add_model_args, engine_config_from_args, llm_from_args, nonnegative_int,
+    add_decode_args, add_model_args, add_settings, engine_config_from_args, llm_from_args, nonnegative_int,
     overrides_from_args, params_from_args, positive_int, sampling_from_args, stats_line,
 )
 from specfold.params import RULES
@@ -60,8 +60,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     outs = _drain(*job, use_tqdm=len(prompts) > 1 and not a.json)
     for o in outs:
         if a.json:
-            print(json.dumps({"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids,
-                              "finish_reason": o.finish_reason, "stats": o.stats.to_dict()}))
+            row = {"prompt": o.prompt, "text": o.text, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                   "stats": o.stats.to_dict()}
+            if o.logprobs is not None:  # --logprobs N: per token, {token id: log-probability}
+                row["logprobs"] = [{str(t): lp for t, lp in d.items()} for d in o.logprobs]
+            print(json.dumps(row))
         else:
             print(o.text if llm.tokenizer is not None else " ".join(map(str, o.token_ids)))
             print(stats_line(o.stats), file=sys.stderr if a.quiet_stats else sys.stdout)
@@ -138,13 +141,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     g = sub.add_parser("generate", help="generate text for prompts")
     add_model_args(g)
-    add_decode_args(g)
+    add_settings(g)
     g.add_argument("--prompt", action="append", default=[], help="prompt text (repeatable)")
     g.add_argument("--prompt-ids", action="append", default=[], help="token ids, e.g. 1,2,3 (repeatable)")
     g.add_argument("--prompt-file", help="UTF-8 text file, one prompt per line")
-    g.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    g.add_argument("--json", action="store_true", help="one JSON object per prompt (with --logprobs N: theirs too)")
     g.add_argument("--quiet-stats", action="store_true", help="stats line to stderr")
-    add_engine_args(g)
     g.set_defaults(func=cmd_generate)
     d = sub.add_parser("demo", help="held-out problems through the embedded tiny model")
     d.add_argument("--n", type=positive_int, default=3)

@@ -3,8 +3,11 @@
 `EngineConfig` holds what is built once per engine (method, rule and its fields, draft policy,
 graph, branches, depth, δ, backend, eager, scheduler limits); `SamplingParams` holds what a client
 may choose per request (max_new_tokens, temperature, seed, stop strings, stop token ids, chat
-template, logprobs). No request field names a server-side file. `DecodeParams` is only a compatibility shim:
-the older all-in-one settings, which `split()` into the pair.
+template, logprobs). No request field names a server-side file. Each field's help line is written
+once, here (`setting(default, help, ...)` metadata): the command-line flags of every command are made
+from these fields (args.py), so a field, its default and its help exist in one place.
+`DecodeParams` is the pair's fields in one flat object (made from them by `dataclasses.fields`, never
+restated), for callers that vary both at once (bench sweeps); `split()` gives the pair.
 
 EngineConfig is validated in two stages. `__post_init__` rejects settings that are impossible for
 any model (δ < 0, threshold outside [0, 1], unknown rule names). `resolve(spec)` fills unset fields
@@ -15,7 +18,7 @@ that need the request's max_new_tokens. Nothing is silently clamped.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from specfold.errors import ParamsError
 
@@ -42,6 +45,30 @@ def steps_for(steps: int, max_new_tokens: int, minimal_topk: int = 1) -> int:
     return min(steps, max_new_tokens // minimal_topk)
 
 
+def setting(default, help: str, *, choices: tuple | None = None, draft: bool = False, cli_default=dataclasses.MISSING,
+            metavar: str | None = None):
+    """A settings field with its metadata: `help` (the one line the flags show), `choices` (the accepted
+    values, checked in `__post_init__` and offered by the flag), `draft` (read only by draft policies
+    and verifiers: vanilla ignores it), `cli_default` (the commands' default where it differs from the
+    API's), `metavar` (the flag's placeholder)."""
+    meta = {"help": help, "choices": choices, "draft": draft, "metavar": metavar}
+    if cli_default is not dataclasses.MISSING:
+        meta["cli_default"] = cli_default
+    return field(default=default, metadata=meta)
+
+
+def draft_fields(cls) -> tuple[str, ...]:
+    """The fields of `cls` read only by draft policies and verifiers (metadata `draft`)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("draft"))
+
+
+def _check_choices(obj) -> None:
+    for f in dataclasses.fields(obj):
+        choices, v = f.metadata.get("choices"), getattr(obj, f.name)
+        if choices and v is not None and v not in choices:
+            raise ParamsError(f"unknown {f.name} {v!r}; accepted: {list(choices)}")
+
+
 def _int(name: str, v, lo: int | None = None) -> None:
     if not isinstance(v, int) or isinstance(v, bool):
         raise ParamsError(f"{name} must be an integer, got {v!r}")
@@ -56,13 +83,18 @@ class SamplingParams:
     `stop_token_ids` add to the model's own stop tokens. `logprobs=N` (0..20; None = off) returns,
     per output token, its log-probability in the forward that committed it and the N most likely
     tokens there (`RequestOutput.logprobs`; docs/SERVING.md says what the numbers mean)."""
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    seed: int | None = None
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    chat_template: bool = False
-    logprobs: int | None = None
+    max_new_tokens: int = setting(256, "tokens generated at most")
+    temperature: float = setting(0.0, f"0 = greedy; above: sampled (at most {MAX_TEMPERATURE:g})")
+    seed: int | None = setting(None, "seed of the sampling at temperature > 0 (unset: drawn per request; the "
+                                     "commands use 0, so a run repeats)", cli_default=0)
+    stop: list[str] | None = setting(None, "a stop string: the text is cut before its first match (repeatable)",
+                                     metavar="TEXT")
+    stop_token_ids: list[int] | None = setting(None, "token ids that end the answer, beside the model's own "
+                                                     "(comma-separated)", metavar="ID,ID,...")
+    chat_template: bool = setting(False, "wrap a string prompt as one user message through the checkpoint's chat "
+                                         "template (the commands do unless --no-chat-template)", cli_default=True)
+    logprobs: int | None = setting(None, f"per output token, the log-probabilities of the chosen token and the N "
+                                         f"most likely (0..{MAX_LOGPROBS}; unset: none)", metavar="N")
 
     def __post_init__(self) -> None:
         _int("max_new_tokens", self.max_new_tokens, 1)
@@ -110,41 +142,48 @@ class EngineConfig:
     `max_seq_len` + 2 blocks positions; unset: min(the model's context, 2048)) and the runner pads the
     step's dense forwards to bucket sizes (engine/graphs.py); the tokens are the same. `cuda_graphs`
     (CUDA only; implies static_shapes) also captures one CUDA graph per bucket and replays it."""
-    method: str = "vanilla"
-    rule: str | None = None
-    block_size: int | None = None
-    sub_block_size: int | None = None
-    tokens_per_step: int | None = None  # k of static / dynamic
-    threshold: float | None = None
-    threshold_ge: bool | None = None  # `>=` instead of `>` (Nemotron-Labs-Diffusion, FreeDave)
-    confidence: str | None = None
-    steps: int | None = None  # llada / llada2: steps per block; dream: total steps
-    edit_threshold: float | None = None  # llada2_edit: tau_edit (a written token is rewritten when p > it)
-    max_post_steps: int | None = None  # llada2_edit: forwards a block may run once it has no mask
-    early_stop: bool = True  # stop denoising a block once a stop token is committed with no mask before it
+    method: str = setting("vanilla", "decode method: vanilla or a speculative one")
+    rule: str | None = setting(None, "unmask rule (unset: the model family's)", choices=RULES)
+    block_size: int | None = setting(None, "positions decoded as one block (unset: the family's)")
+    sub_block_size: int | None = setting(None, "rule sub_block: positions of a sub-block (unset: the family's)")
+    tokens_per_step: int | None = setting(None, "k of the static / dynamic rules (unset: the family's)")
+    threshold: float | None = setting(None, "confidence threshold of the threshold rules, in [0, 1] (unset: the "
+                                            "family's)")
+    threshold_ge: bool | None = setting(None, "unmask at confidence >= threshold instead of > (Nemotron-Labs-"
+                                              "Diffusion, FreeDave; unset: the family's)")
+    confidence: str | None = setting(None, "the confidence the rules rank by (unset: the family's)",
+                                     choices=CONFIDENCES)
+    steps: int | None = setting(None, "llada / llada2: steps per block; dream: total steps")
+    edit_threshold: float | None = setting(None, "llada2_edit: a written token is rewritten when p > this")
+    max_post_steps: int | None = setting(None, "llada2_edit: forwards a block may run once it has no mask")
+    early_stop: bool = setting(True, "stop denoising a block once a stop token is committed with no mask before it")
     # speculative decoding (FreeDave, Spiffy) and SpecFold
-    draft_depth: int = 8
-    eager: bool = False
-    branches: int = 7
-    graph: object = None  # a path or DraftGraph, resolved at load (never from a client)
-    graph_depth: int | None = None  # Spiffy/SpecFold: only the graph's nodes at most this deep (None = all)
-    delta: float = 0.05
-    drafts: str = "spiffy"
-    backend: str = "torch"
+    draft_depth: int = setting(8, "FreeDave: draft chain depth, in [1, 64]", draft=True)
+    eager: bool = setting(False, "drafts may reach into the next block (block-causal models)", draft=True)
+    branches: int = setting(7, "Spiffy / SpecFold / LinearSpec: draft branches, in [1, 64]", draft=True)
+    graph: object = setting(None, "Spiffy draft graph JSON (a path or DraftGraph, resolved at load, never from a "
+                                  "client; unset: the one shipped for the model and rule)", draft=True, metavar="PATH")
+    graph_depth: int | None = setting(None, "Spiffy / SpecFold: only the graph's nodes at most this deep (unset: all)",
+                                      draft=True)
+    delta: float = setting(0.05, "SpecFold fold threshold δ >= 0 (0 = exact; 0.05: the sweep in BENCHMARKS.md)",
+                           draft=True)
+    drafts: str = setting("spiffy", "SpecFold's draft policy", choices=("spiffy", "freedave"), draft=True)
+    backend: str = setting("torch", "SpecFold kernels", choices=("torch", "triton"), draft=True)
     # scheduling and the runner
-    max_num_seqs: int = 64
-    max_waiting: int = 256
-    max_num_batched_tokens: int = 8192
-    draft_budget: int | str = "auto"
-    static_shapes: bool = False  # a pooled KV cache; each step's packed rows and KV lengths padded to buckets
-    cuda_graphs: bool = False  # CUDA only: one captured graph per bucket (implies static_shapes)
-    max_seq_len: int | None = None  # static shapes: prompt + max_new_tokens one pool slot holds
+    max_num_seqs: int = setting(64, "requests decoded at once")
+    max_waiting: int = setting(256, "requests queued beyond those; more are refused (EngineFull; the server's 429)")
+    max_num_batched_tokens: int = setting(8192, "token rows of one engine step (at least one forward always runs)")
+    draft_budget: int | str = setting("auto", "drafts a verification verifies: 'auto' (chosen every step from this "
+                                              "machine's measured cost and the drafts' acceptance) or N >= 0 (the "
+                                              "first N; 0 = none); tokens never change", draft=True, metavar="auto|N")
+    static_shapes: bool = setting(False, "a pooled KV cache; each step's packed rows and KV lengths padded to "
+                                         "buckets (the same tokens)")
+    cuda_graphs: bool = setting(False, "CUDA only: one captured CUDA graph per bucket (implies static_shapes)")
+    max_seq_len: int | None = setting(None, "static shapes: prompt + max_new_tokens one pool slot holds (unset: "
+                                            "min(the model's context, 2048))")
 
     def __post_init__(self) -> None:
-        if self.rule is not None and self.rule not in RULES:
-            raise ParamsError(f"unknown rule {self.rule!r}; accepted: {list(RULES)}")
-        if self.confidence is not None and self.confidence not in CONFIDENCES:
-            raise ParamsError(f"unknown confidence {self.confidence!r}; accepted: {list(CONFIDENCES)}")
+        _check_choices(self)
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise ParamsError(f"threshold must be in [0, 1] (0 = unmask every candidate), got {self.threshold}")
         if self.edit_threshold is not None and not 0.0 <= self.edit_threshold <= 1.0:
@@ -238,39 +277,9 @@ class EngineConfig:
         return p
 
 
-_SAMPLING_FIELDS = ("max_new_tokens", "temperature", "seed", "chat_template", "logprobs")
-
-
-@dataclass(slots=True)
-class DecodeParams:
-    """Compatibility shim: the older all-in-one settings. `split()` gives the (EngineConfig,
-    SamplingParams) pair that the engine takes; every check is theirs."""
-    method: str = "vanilla"
-    rule: str | None = None
-    block_size: int | None = None
-    sub_block_size: int | None = None
-    tokens_per_step: int | None = None
-    threshold: float | None = None
-    threshold_ge: bool | None = None
-    confidence: str | None = None
-    steps: int | None = None
-    edit_threshold: float | None = None
-    max_post_steps: int | None = None
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    seed: int = 0
-    chat_template: bool = False
-    logprobs: int | None = None
-    early_stop: bool = True
-    draft_depth: int = 8
-    eager: bool = False
-    branches: int = 7
-    graph: object = None
-    graph_depth: int | None = None
-    delta: float = 0.05
-    drafts: str = "spiffy"
-    backend: str = "torch"
-    draft_budget: int | str = "auto"
+class _Joined:
+    """The methods of `DecodeParams` (its fields are made below from EngineConfig's and SamplingParams')."""
+    __slots__ = ()
 
     def __post_init__(self) -> None:
         self.split()  # validates both halves
@@ -280,19 +289,26 @@ class DecodeParams:
 
     def split(self) -> tuple[EngineConfig, SamplingParams]:
         """The engine-wide part and the per-request part of these settings."""
-        names = [f.name for f in dataclasses.fields(self) if f.name not in _SAMPLING_FIELDS]
-        cfg = EngineConfig(**{f: getattr(self, f) for f in names})
-        return cfg, SamplingParams(**{f: getattr(self, f) for f in _SAMPLING_FIELDS})
+        return tuple(cls(**{f.name: getattr(self, f.name) for f in dataclasses.fields(cls)})
+                     for cls in (EngineConfig, SamplingParams))
 
     @classmethod
     def join(cls, config: EngineConfig, sampling: SamplingParams) -> "DecodeParams":
-        """The inverse of `split` (the scheduler fields of `config`, which are not decode settings,
-        are left out)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name in names}
-        return cls(**kw, **{f: getattr(sampling, f) for f in _SAMPLING_FIELDS})
+        """The inverse of `split`."""
+        return cls(**{f.name: getattr(half, f.name) for half in (config, sampling) for f in dataclasses.fields(half)})
 
     def resolve(self, spec) -> EngineConfig:
         """The engine config resolved for `spec` and these settings' max_new_tokens."""
         cfg, sp = self.split()
         return cfg.resolve(spec).for_request(spec, sp.max_new_tokens, whole_blocks=False)
+
+
+# every field of EngineConfig, then of SamplingParams, with its type, default and metadata (no name is in both)
+DecodeParams = dataclasses.make_dataclass(
+    "DecodeParams", [(f.name, f.type, field(default=f.default, metadata=f.metadata))
+                     for cls in (EngineConfig, SamplingParams) for f in dataclasses.fields(cls)],
+    bases=(_Joined,), slots=True, namespace={"__module__": __name__, "__doc__": (
+        "EngineConfig's and SamplingParams' fields in one object (the same names, types and defaults), "
+        "for callers that vary both at once; `split()` gives the pair, `join(config, sampling)` the "
+        "inverse; every check is theirs. `LLM.generate(prompts, DecodeParams)` builds (and keeps) an "
+        "engine for its EngineConfig half.")})

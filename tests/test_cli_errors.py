@@ -118,12 +118,15 @@ def test_rule_dream_still_runs_on_a_bidirectional_model(checkpoint):
 @pytest.mark.parametrize("argv, message", [
     (["--method", "banana"], "error: unknown decode method 'banana'; supported: ['ar', 'freedave', "
                              "'linear_spec', 'linear_spec_multi', 'linear_specfold', 'specfold', 'spiffy', 'vanilla']"),
-    (["--max-new-tokens", "-3"], "specfold generate: error: argument --max-new-tokens: expected a positive "
-                                 "integer, got -3 (see specfold generate --help)"),
-    (["--max-new-tokens", "x"], "argument --max-new-tokens: expected a positive integer, got 'x'"),
+    (["--max-new-tokens", "-3"], "specfold generate: error: argument --max-new-tokens: max_new_tokens must be "
+                                 ">= 1, got -3 (see specfold generate --help)"),
+    (["--max-new-tokens", "x"], "argument --max-new-tokens: expected an integer, got 'x'"),
     (["--threads", "0"], "argument --threads: expected a positive integer, got 0"),
-    (["--threshold", "2"], "error: threshold must be in [0, 1] (0 = unmask every candidate), got 2.0"),
-    (["--branches", "0"], "error: branches must be in [1, 64], got 0"),
+    (["--threshold", "2"], "argument --threshold: threshold must be in [0, 1] (0 = unmask every candidate), got 2.0"),
+    (["--branches", "0"], "argument --branches: branches must be in [1, 64], got 0"),
+    (["--stop-token-ids", "1,x"], "argument --stop-token-ids: expected comma-separated integers, got '1,x'"),
+    (["--rule", "sub_block", "--block-size", "8", "--sub-block-size", "3"],
+     "error: block_size=8 is not a multiple of sub_block_size=3"),
     (["--model", "/no/such/model"], "error: checkpoint folder '/no/such/model' does not exist"),
     (["--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
     (["--prompt-ids", "1,x"], "error: --prompt-ids takes comma-separated integers, got '1,x'"),

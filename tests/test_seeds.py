@@ -34,9 +34,11 @@ def test_api_accepts(seed):
 
 @pytest.mark.parametrize("seed", ["-1", str(2**63)])
 def test_cli_refuses_with_the_same_line(capsys, seed):
-    rc = main(["generate", "--prompt", "hi", "--seed", seed])
+    with pytest.raises(SystemExit) as e:  # refused while the flags are parsed, naming the flag
+        main(["generate", "--prompt", "hi", "--seed", seed])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and err == f"error: {message(int(seed))}"
+    assert e.value.code == 2 and err == (f"specfold generate: error: argument --seed: {message(int(seed))} "
+                                         f"(see specfold generate --help)")
 
 
 @pytest.mark.parametrize("seed", BAD)

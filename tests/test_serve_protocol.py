@@ -138,43 +138,86 @@ def test_unknown_field_lists_the_accepted_ones():
 
 
 # the limits of a request are one set (specfold/params.py): a value the API refuses, the server refuses
-# (400), and the CLI refuses (one line, exit 2); a value one accepts, all accept
-LIMITS = [("temperature", v) for v in (0, 0.7, 2, 2.0001, 2.5, -0.1)] + \
-         [("seed", v) for v in (0, 12, 2**63 - 1, 2**63, -1)] + \
-         [("logprobs", v) for v in (0, 5, 20, 21, -1)]
+# (400), and the CLI refuses (one line, exit 2); a value one accepts, all accept. (request field, value,
+# accepted by all?)
+LIMITS = [("temperature", v, 0 <= v <= 2) for v in (0, 0.7, 2, 2.0001, 2.5, -0.1)] + \
+         [("temperature", v, False) for v in ("hot", True, float("nan"), float("inf"))] + \
+         [("seed", v, 0 <= v < 2**63) for v in (0, 12, 2**63 - 1, 2**63, -1)] + \
+         [("seed", v, False) for v in (1.0, "7", True)] + \
+         [("logprobs", v, 0 <= v <= 20) for v in (0, 5, 20, 21, -1)] + \
+         [("max_tokens", v, v >= 1) for v in (1, 64, 0, -1)] + \
+         [("max_tokens", v, False) for v in ("8", True, 2.0)] + \
+         [("stop", v, ok) for v, ok in (("x", True), (["a", "b"], True), ("", False), (["a", ""], False),
+                                        (5, False), ([3], False))]
 
 
-@pytest.mark.parametrize("field,value", LIMITS)
-def test_the_api_and_the_server_refuse_the_same_values(field, value):
+def _api_accepts(field: str, value) -> bool:
     from specfold import SamplingParams
     from specfold.errors import ParamsError
+    from specfold.serve.protocol import SAMPLING_FIELDS
     try:
-        SamplingParams(**{field: value})
-        api_ok = True
+        SamplingParams(**{SAMPLING_FIELDS[field]: value})
+        return True
     except ParamsError:
-        api_ok = False
-    body = {"model": "m", "prompt": "hi", field: value}
+        return False
+
+
+def _server_accepts(field: str, value) -> bool:
     try:
-        parse_request(body, chat=False)
-        server_ok = True
+        parse_request({"model": "m", "prompt": "hi", field: value}, chat=False)
+        return True
     except ApiError as e:
-        assert e.status == 400
-        server_ok = False
-    assert api_ok == server_ok, (field, value, api_ok, server_ok)
-    assert api_ok == {"temperature": 0 <= value <= 2, "seed": 0 <= value < 2**63, "logprobs": 0 <= value <= 20}[field]
+        assert e.status == 400 and e.param == field, e.body()
+        return False
 
 
-@pytest.mark.parametrize("flag,value,ok", [("--temperature", "2", True), ("--temperature", "2.5", False),
-                                           ("--seed", str(2**63), False), ("--seed", "7", True)])
-def test_the_cli_refuses_what_the_api_refuses(flag, value, ok):
-    from specfold.args import add_decode_args, sampling_from_args
-    from specfold.errors import ParamsError
+@pytest.mark.parametrize("field,value,ok", LIMITS, ids=[f"{f}={v!r}" for f, v, _ in LIMITS])
+def test_the_api_and_the_server_refuse_the_same_values(field, value, ok):
+    assert (_api_accepts(field, value), _server_accepts(field, value)) == (ok, ok)
+
+
+# the numbers (on a command line every value is text: "7" is the seed 7 there, 5 the stop string "5")
+CLI_LIMITS = [(f, v, ok) for f, v, ok in LIMITS if isinstance(v, (int, float)) and not isinstance(v, bool) and f != "stop"]
+
+
+@pytest.mark.parametrize("field,value,ok", CLI_LIMITS, ids=[f"{f}={v!r}" for f, v, _ in CLI_LIMITS])
+def test_the_cli_refuses_what_the_api_refuses(field, value, ok):
+    """The same values through the flag of the SamplingParams field (`--max-new-tokens` for max_tokens):
+    accepted into the same SamplingParams, or refused while parsing (argparse's exit 2)."""
     import argparse
+
+    from specfold.args import add_settings, flag, sampling_from_args
+    from specfold.serve.protocol import SAMPLING_FIELDS
+    name = SAMPLING_FIELDS[field]
     ap = argparse.ArgumentParser()
-    add_decode_args(ap)
-    a = ap.parse_args([flag, value])
+    add_settings(ap)
     if ok:
-        sampling_from_args(a)
+        assert getattr(sampling_from_args(ap.parse_args([flag(name), str(value)])), name) == value
     else:
-        with pytest.raises(ParamsError):
-            sampling_from_args(a)
+        with pytest.raises(SystemExit) as e:
+            ap.parse_args([flag(name), str(value)])
+        assert e.value.code == 2
+
+
+def test_request_fields_map_onto_sampling_params():
+    """Every SamplingParams field is set by a request field (SAMPLING_FIELDS) or by the server
+    (SERVER_SAMPLING), never both; every mapped request field is a GenRequest field."""
+    import dataclasses
+
+    from specfold import SamplingParams
+    from specfold.serve.protocol import SAMPLING_FIELDS, SERVER_SAMPLING, GenRequest
+    names = [f.name for f in dataclasses.fields(SamplingParams)]
+    assert sorted(list(SAMPLING_FIELDS.values()) + list(SERVER_SAMPLING)) == sorted(names)
+    assert set(SAMPLING_FIELDS) <= {f.name for f in dataclasses.fields(GenRequest)}
+
+
+def test_sampling_params_of_a_request():
+    """The request's fields over the server's defaults; what it leaves out keeps the defaults."""
+    from specfold import SamplingParams
+    from specfold.serve.protocol import sampling_params
+    defaults = SamplingParams(max_new_tokens=32, temperature=0.3)
+    r = parse_request(dict(CHAT, max_completion_tokens=7, seed=11, stop="x", logprobs=True, top_logprobs=2), chat=True)
+    assert sampling_params(r, defaults) == SamplingParams(max_new_tokens=7, temperature=0.3, seed=11, stop=["x"],
+                                                          logprobs=2)
+    r = parse_request(dict(CMPL, temperature=0), chat=False)
+    assert sampling_params(r, defaults, seed=5) == SamplingParams(max_new_tokens=32, temperature=0.0, seed=5, stop=[])

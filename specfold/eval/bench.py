@@ -306,15 +306,14 @@ def _command_line() -> str:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from specfold.args import add_decode_args, add_model_args
+    from specfold.args import add_model_args, add_settings
     p = subparsers.add_parser("bench", help="benchmark methods side by side",
                               description="Run every method (and sweep point) on the same prompts; write "
                                           "per-sample JSONL records (resumable) and print a markdown table.")
     add_model_args(p)
-    add_decode_args(p)
+    add_settings(p, exclude=("method", "logprobs"))  # --methods instead; records keep no logprobs
     add_run_args(p)
-    p.add_argument("--methods", default=None, help="comma-separated decode methods (default: all registered); "
-                                                   "--method is ignored by bench")
+    p.add_argument("--methods", default=None, help="comma-separated decode methods (default: all registered)")
     p.add_argument("--out", default="bench.jsonl", help="records JSONL; rerunning with the same file resumes "
                                                          "(--overwrite starts over)")
     p.add_argument("--sweep", action="append", default=[], metavar="FIELD=VALUES",

@@ -49,11 +49,11 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> argparse.ArgumentParser:
-    from specfold.args import add_decode_args, add_model_args
+    from specfold.args import add_model_args, add_settings
     p = subparsers.add_parser("eval", help="score a method on benchmarks",
                               description="Generate with the chat template, score, print accuracy and speed.")
     add_model_args(p)
-    add_decode_args(p)
+    add_settings(p, exclude=("logprobs",))  # records keep no logprobs
     add_run_args(p)
     p.add_argument("--out", default=None, help="per-sample records JSONL (rerunning with it resumes)")
     p.set_defaults(func=cmd_eval, engines=local_engines)

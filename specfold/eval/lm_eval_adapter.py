@@ -79,6 +79,7 @@ class SpecfoldLM(LM):
         # chat_template=True wraps each context as one user message (without lm-eval's
         # --apply_chat_template); by default lm-eval formats the context itself
         self.wrap_chat = bool(decode.pop("chat_template", False))
+        decode.setdefault("seed", 0)  # sampled runs repeat, as lm-eval's own seeds are fixed (the API draws one)
         self.params = DecodeParams(**decode)
         self.pretrained = str(pretrained)
         self._device = device

@@ -18,10 +18,10 @@ from typing import Any, Sequence
 
 from specfold.errors import ParamsError
 from specfold.eval.summary import REFERENCE
+from specfold.params import EngineConfig, draft_fields
 
-# DecodeParams fields read only by draft policies and verifiers (vanilla has neither)
-DRAFT_FIELDS = ("draft_depth", "eager", "branches", "graph", "graph_depth", "delta", "drafts", "backend",
-                "draft_budget")
+# the fields read only by draft policies and verifiers (vanilla has neither): params.py marks them
+DRAFT_FIELDS = draft_fields(EngineConfig)
 # the draft fields each built-in method reads (a method not listed: all of them)
 METHOD_FIELDS: dict[str, tuple[str, ...]] = {
     REFERENCE: (),

@@ -112,9 +112,8 @@ class SpecfoldLLMConfig(EngineSpec):
         unknown = set(self.server_kwargs) - {"api_key", "max_body_bytes"}
         if unknown:
             raise ParamsError(f"unknown server_kwargs {sorted(unknown)}; accepted: ['api_key', 'max_body_bytes']")
-        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)) \
-                or not 0 <= self.temperature <= 2:
-            raise ParamsError(f"temperature must be a number in [0, 2], got {self.temperature!r}")
+        from specfold.params import SamplingParams
+        SamplingParams(temperature=self.temperature)  # the API's limits (params.py), its message
 
     @property
     def name(self) -> str:

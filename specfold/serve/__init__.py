@@ -22,6 +22,12 @@ from specfold.errors import SpecfoldError
 from specfold.extras import require
 
 
+# SamplingParams fields without a server flag: a request chooses them (a seed is drawn when it gives
+# none), the chat endpoint applies the template, stop tokens are the model's; --max-new-tokens and
+# --temperature are the defaults of requests that give none (protocol.SAMPLING_FIELDS maps the rest)
+PER_REQUEST = ("seed", "stop", "stop_token_ids", "chat_template", "logprobs")
+
+
 def create_app(*args, **kw):
     """`specfold.serve.app.create_app` (imports FastAPI)."""
     from specfold.serve.app import create_app as make
@@ -72,23 +78,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from specfold.args import add_decode_args, add_engine_args, add_model_args, positive_int
+    from specfold.args import add_model_args, add_settings, positive_int
     from specfold.serve.limits import MAX_BODY_BYTES
     p = sub.add_parser("serve", help="OpenAI-compatible server (/v1/completions, /v1/chat/completions)",
                        description="Engine flags are fixed for the server's life; --max-new-tokens and "
                                    "--temperature are the defaults of requests that give none; a request "
-                                   "without a seed gets a random one (--seed is not used).")
+                                   "without a seed gets a random one.")
     add_model_args(p)
-    add_decode_args(p)
+    add_settings(p, exclude=PER_REQUEST)
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--served-model-name", default=None, help="the `model` clients pass (default: --model as given)")
-    g.add_argument("--max-waiting", type=int, default=256, help="requests queued beyond those; more get 429")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g.add_argument("--api-key", default=None, help="every /v1/* request needs 'Authorization: Bearer KEY' "
                    "(default: $SPECFOLD_API_KEY; unset: no key)")
     g.add_argument("--max-body-bytes", type=positive_int, default=MAX_BODY_BYTES,
                    help=f"larger request bodies get 413 before they are read (default {MAX_BODY_BYTES})")
-    add_engine_args(p)
     p.set_defaults(func=cmd_serve)

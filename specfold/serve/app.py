@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from specfold.errors import DistributedError, EngineFull, SpecfoldError
 from specfold.params import SamplingParams
 from specfold.serve.protocol import (MAX_SEED, ApiError, GenRequest, bad, chat_logprobs, choice, chunk_choice,
-                                     completion_logprobs, envelope, new_id, parse_request, usage)
+                                     completion_logprobs, envelope, new_id, parse_request, sampling_params, usage)
 from specfold.serve.limits import MAX_BODY_BYTES, max_chars_per_token, read_body, tokenize
 from specfold.serve.runner import EngineRunner
 
@@ -152,19 +152,14 @@ class Service:
 
     def items(self, req: GenRequest) -> tuple[list[tuple[list[int], object]], int]:
         """The group's `(prompt_ids, SamplingParams)` items and its prompt token count."""
-        max_tokens = req.max_tokens or self.config.max_tokens
-        temperature = self.config.temperature if req.temperature is None else req.temperature
+        try:
+            base = sampling_params(req, SamplingParams(max_new_tokens=self.config.max_tokens,
+                                                       temperature=self.config.temperature))
+        except SpecfoldError as e:
+            raise bad(None, str(e)) from None
         seed = random.randrange(MAX_SEED) if req.seed is None else req.seed
-        prompts = self.encode(req, max_tokens)
-        items = []
-        for ids in prompts:
-            for i in range(req.n):
-                try:
-                    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature,
-                                            seed=(seed + i) % MAX_SEED, stop=list(req.stop), logprobs=req.logprobs)
-                except SpecfoldError as e:
-                    raise bad(None, str(e)) from None
-                items.append((ids, params))
+        prompts = self.encode(req, base.max_new_tokens)
+        items = [(ids, base.replace(seed=(seed + i) % MAX_SEED)) for ids in prompts for i in range(req.n)]
         return items, sum(len(p) for p in prompts)
 
 

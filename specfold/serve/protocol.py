@@ -13,16 +13,22 @@ Invariants:
 - Any other field is unknown and refused by name, with the list of accepted fields. There are no
   engine fields (method, graph, delta, ...): the engine is fixed when the server starts, and no
   request field names a server-side file.
+- The request fields that set a `SamplingParams` field are `SAMPLING_FIELDS` (the rest of its fields
+  are the server's: `SERVER_SAMPLING`); `sampling_params(req, defaults)` makes the request's
+  SamplingParams from it, and whatever SamplingParams refuses, `parse_request` refuses (its limits
+  are params.py's), naming the request's field.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
 import uuid
 from dataclasses import dataclass, field
 
-from specfold.params import MAX_LOGPROBS, MAX_SEED, MAX_TEMPERATURE, seed_error  # noqa: F401 (MAX_SEED: app.py)
+from specfold.errors import ParamsError
+from specfold.params import MAX_LOGPROBS, MAX_SEED, MAX_TEMPERATURE, SamplingParams, seed_error  # noqa: F401 (MAX_SEED: app.py)
 
 MAX_N = 16  # choices per request (each one an engine request)
 MAX_STOP = 4  # stop strings per request (OpenAI's limit)
@@ -41,6 +47,13 @@ COMMON = ("model", "n", "max_tokens", "temperature", "seed", "stop", "stream", "
 CHAT_FIELDS = COMMON + ("messages", "max_completion_tokens", "logprobs", "top_logprobs")
 COMPLETION_FIELDS = COMMON + ("prompt", "logprobs")
 ROLES = ("system", "developer", "user", "assistant")
+
+# GenRequest field -> the SamplingParams field it sets (max_completion_tokens arrives as max_tokens);
+# the other SamplingParams fields are the server's: the model's stop tokens, and the chat template
+# (the chat endpoint applies it). tests/test_serve_protocol.py checks both against the dataclasses.
+SAMPLING_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "seed": "seed", "stop": "stop",
+                   "logprobs": "logprobs"}
+SERVER_SAMPLING = ("stop_token_ids", "chat_template")
 
 
 class ApiError(Exception):
@@ -258,7 +271,26 @@ def parse_request(body, chat: bool) -> GenRequest:
     if get("user") is not None and not isinstance(get("user"), str):
         raise bad("user", f"'user' must be a string, got {get('user')!r}")
     req.logprobs = logprobs
+    _check_sampling(req)
     return req
+
+
+def _check_sampling(req: GenRequest) -> None:
+    """Refuse (400, naming the request's field) any value SamplingParams refuses: the checks above give
+    the wire's messages, this makes sure the server never takes a value the API would not."""
+    for name, target in SAMPLING_FIELDS.items():
+        value = getattr(req, name)
+        if value is not None:
+            try:
+                SamplingParams(**{target: value})
+            except ParamsError as e:
+                raise bad(name, str(e)) from None
+
+
+def sampling_params(req: GenRequest, defaults: SamplingParams, **kw) -> SamplingParams:
+    """The request's SamplingParams: `defaults` (the server's) with each field the request gives, then `kw`."""
+    given = {target: getattr(req, name) for name, target in SAMPLING_FIELDS.items() if getattr(req, name) is not None}
+    return dataclasses.replace(defaults, **{**given, **kw})
 
 
 # ---------------------------------------------------------------------------------- responses
