@@ -452,6 +452,23 @@ def llada2_fold(ctx: Ctx) -> list[str]:
             *table(cols, rows)]
 
 
+def moe_layer(ctx: Ctx) -> list[str]:
+    d = ctx.load("moe_layer.json")
+    sh = d["settings"]["shape"]
+    ref = {r["rows"]: r["cpu_s"] for r in d["rows"] if r["method"] == "routed-grouped"}
+    rows = [[str(r["rows"]), r["method"], x(r["cpu_s"] / ref[r["rows"]], 1) if r["rows"] in ref else "—",
+             f"{r['peak_mib']:.0f}", str(r["experts_touched"]), f"{r['max_abs_diff']:.1e}", ctx.link("moe_layer.json")]
+            for r in d["rows"]]
+    return [f"One MoE layer at LLaDA2-mini shape (hidden {sh['hidden']}, {sh['experts']} experts of width "
+            f"{sh['expert_width']}, top-{sh['top_k']} in {sh['groups_kept']} of {sh['groups']} groups, one shared "
+            "expert), **random weights** (a cost proxy: trained routing touches experts less uniformly), float32: the "
+            "routed experts (one GEMM per expert, or torch's grouped GEMM, the default) against evaluating every expert "
+            "on every row. CPU seconds of the call against the grouped GEMM's at the same row count (one call after a "
+            "warm-up); peak memory above the resident weights.", "", *provenance(ctx, "moe_layer.json"), "",
+            *table(["rows", "method", "CPU time ÷ routed-grouped", "peak MiB", "experts touched", "max abs diff",
+                    "result"], rows)]
+
+
 @dataclass(frozen=True)
 class Area:
     """One section of BENCHMARKS.md: its title, the result files it reads (left out when the first is
@@ -489,14 +506,16 @@ AREAS: list[Area] = [
          ("LLaDA2: lossless speculation under both rules, and SpecFold's fold ratio on MoE layers (issue 20)",)),
     Area("LLaDA2: SpecFold's fold ratio on MoE layers", (LLADA2,), llada2_fold, None,
          ("LLaDA2: lossless speculation under both rules, and SpecFold's fold ratio on MoE layers (issue 20)",)),
+    Area("LLaDA2: one MoE layer, routed against dense", ("moe_layer.json",), moe_layer, None,
+         ("LLaDA2 MoE layer: routed grouped GEMMs against a dense all-experts evaluation (issue 20)",)),
     Area("Code sandbox: cost per program", ("sandbox_cost.json",), sandbox_cost, None,
          ("Code sandbox: cost per program (issue 12)",)),
 ]
 
 NOT_CURRENT = (  # areas with no current result file: their latest figures are only in the log
     "model core on a random 0.5B-shaped checkpoint, Table 1 at the widened widths, fresh problems (Table 1 and "
-    "the engine table, SpecFold's token match, accuracy), Nemotron-Labs-Diffusion's causal modes, the LLaDA2 MoE "
-    "layer, Ray Serve replicas, `specfold --help` start-up")
+    "the engine table, SpecFold's token match, accuracy), Nemotron-Labs-Diffusion's causal modes, Ray Serve "
+    "replicas, `specfold --help` start-up")
 
 
 # ---------------------------------------------------------------- the page and the README block
