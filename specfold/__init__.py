@@ -1,7 +1,8 @@
 """specfold: fast, lossless decoding for masked diffusion language models.
 
-    from specfold import LLM, DecodeParams
-    out = LLM("tiny").generate(["Tom has 3 apples ..."], DecodeParams(chat_template=True))[0]
+    from specfold import LLM, SamplingParams
+    llm = LLM("tiny", method="spiffy")  # engine settings: EngineConfig's fields
+    out = llm.generate(["Tom has 3 apples ..."], SamplingParams(chat_template=True))[0]
     print(out.text, out.stats.nfe, out.stats.tokens_per_forward)
 
 The public names are imported on first use, so `import specfold.cli` (and `specfold --help`)
