@@ -109,3 +109,24 @@ def test_the_engine_flags_reach_the_engine_of_every_command():
     for command, (unused, needed) in COMMANDS.items():
         a = build_parser(command).parse_args([command, *needed, "--max-waiting", "3", "--max-num-seqs", "2"])
         assert (engine_config_from_args(a).max_waiting, engine_config_from_args(a).max_num_seqs) == (3, 2), command
+
+
+def test_generate_sampling_flags_reach_the_output(capsys):
+    """`--logprobs N` adds each token's log-probabilities to `--json`; `--stop-token-ids` ends the
+    answer at the first such token (the same run as the API's SamplingParams)."""
+    import json
+
+    from specfold.cli import main
+    from specfold.models.loader import tiny_path
+    if not (tiny_path() / "config.json").is_file():
+        pytest.skip("the embedded tiny model is not trained yet")
+    argv = ["generate", "--model", "tiny", "--prompt", "Tom has 3 apples.", "--max-new-tokens", "8", "--json",
+            "--threads", "1"]
+    assert main(argv + ["--logprobs", "2"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert len(row["logprobs"]) == len(row["token_ids"]) > 1
+    assert all(str(t) in d and 2 <= len(d) <= 3 for t, d in zip(row["token_ids"], row["logprobs"]))
+    assert main(argv + ["--stop-token-ids", str(row["token_ids"][0])]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut["finish_reason"] == "stop" and len(cut["token_ids"]) <= 1 and "logprobs" not in cut
+    assert cut["token_ids"] == row["token_ids"][:len(cut["token_ids"])]
