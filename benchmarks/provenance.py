@@ -9,7 +9,8 @@ Fields (benchmarks/report.py reads them; it never runs a benchmark):
 - `command`: the command line as run, relative to the repository root, with the variables of `ENV` and
   the CPU affinity (`taskset -c`) when they were set;
 - `commit`: the full hash of HEAD of the tree the script ran from, and `tree_dirty`: whether its
-  tracked files had uncommitted changes (then the figures are not that commit's alone);
+  tracked files outside benchmarks/results/ had uncommitted changes (then the figures are not that
+  commit's alone);
 - `date`: the start, UTC, ISO 8601; `seconds`: how long the run took;
 - `machine`: cpu model, cores, the cores the process may use, python, torch, platform, and `note`
   (what the run shared the machine with: "shared core", "quiet", ...);
@@ -30,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = ("OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_")  # the variables that change what a benchmark measures
+RESULTS = "benchmarks/results"  # result files written by earlier runs do not make a tree dirty
 
 
 def _git(*args: str) -> str:
@@ -83,7 +85,7 @@ def machine(note: str | None = None) -> dict:
 
 def header(note: str | None = None, argv: list[str] | None = None) -> dict:
     """Call at the start of a run."""
-    dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){RESULTS}"))
     return {"command": command(argv), "commit": _git("rev-parse", "HEAD") or None, "tree_dirty": dirty,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(note),
             "load": [os.getloadavg()[0] if hasattr(os, "getloadavg") else None], "_t0": time.time()}
