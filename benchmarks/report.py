@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,6 +96,22 @@ def _machine(m: dict) -> str:
     return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores{cpus}, torch {m.get('torch', '?')}"
 
 
+def command(cmd: str | None) -> str:
+    """The command as run, less its `--note` (printed apart, as the machine note)."""
+    try:
+        words = shlex.split(cmd or "")
+    except ValueError:
+        return cmd or "?"
+    keep, skip = [], False
+    for w in words:
+        if skip or w == "--note":
+            skip = not skip
+            continue
+        if not w.startswith("--note="):
+            keep.append(w)
+    return shlex.join(keep) if keep else "?"
+
+
 def provenance(ctx: Ctx, name: str) -> list[str]:
     """One line per run: the file, its command, commit, date, machine, note and load."""
     out = []
@@ -102,7 +119,7 @@ def provenance(ctx: Ctx, name: str) -> list[str]:
         commit = (h["commit"] or "?")[:7] + (" + uncommitted changes" if h["dirty"] else "")
         load = f"; load average {min(h['load']):.1f}-{max(h['load']):.1f}" if h["load"] else ""
         note = f"; {h['note']}" if h["note"] else ""
-        out.append(f"{ctx.link(name)}: `{h['command']}` (commit {commit}, {h['date']}; {h['machine']}{note}{load}).")
+        out.append(f"{ctx.link(name)}: `{command(h['command'])}` (commit {commit}, {h['date']}; {h['machine']}{note}{load}).")
     return out
 
 

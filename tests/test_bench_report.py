@@ -14,7 +14,8 @@ _spec = importlib.util.spec_from_file_location("bench_report", ROOT / "benchmark
 report = sys.modules["bench_report"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(report)
 
-HEADER = {"command": "OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/static_shapes.py --rounds 4",
+COMMAND = "OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/static_shapes.py --rounds 4"
+HEADER = {"command": COMMAND + " --note 'shared core: other sessions'\"'\"' tests'",
           "commit": "0123456789abcdef0123456789abcdef01234567", "tree_dirty": False, "date": "2026-12-07T23:37:28+00:00",
           "machine": {"cpu": "AMD EPYC", "cores": 2, "affinity": [0], "python": "3.11.7", "torch": "2.13.0+cpu",
                       "platform": "Linux", "note": "shared core"}, "load": [1.5, 2.25], "seconds": 60.0}
@@ -70,7 +71,7 @@ def test_renders_each_area_from_its_result_file(tmp_path):
     rows = [ln for ln in text.splitlines() if ln.startswith("| vanilla |") or ln.startswith("| spiffy |")]
     assert rows and all(ln.endswith(f"| {link} |") for ln in rows)  # every row names its file
     assert "| vanilla | 1 | 0.95x | 1.00 | 5 | yes, yes |" in text and "| spiffy | 16 | 0.82x | 1.21 | 20 | yes, no |" in text
-    assert f"{link}: `{HEADER['command']}` (commit 0123456, 2026-12-07; AMD EPYC, 2 cores, ran on cpu 0, " \
+    assert f"{link}: `{COMMAND}` (commit 0123456, 2026-12-07; AMD EPYC, 2 cores, ran on cpu 0, " \
            "torch 2.13.0+cpu; shared core; load average 1.5-2.2)." in text
     # the matrix: one row per cell x method; auto against vanilla, the best fixed budget, the one it trails
     db = [ln for ln in text.splitlines() if ln.startswith("| native width")]
