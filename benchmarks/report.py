@@ -59,16 +59,22 @@ class Ctx:
         return f"[{name}]({self.href(self.results / name)})"
 
 
-def runs(d) -> list[tuple[dict, dict]]:
-    """(header, body) per run in a file: one run, or several merged (`runs: [...]`, a list of runs, or a
-    dict of runs keyed by name: each run a dict with its own header)."""
+def runs(d) -> list[dict]:
+    """The runs in a file: one, or several merged (`runs: [...]`, a list of runs, or a dict of runs
+    keyed by name, each a dict with its own header and results)."""
     if isinstance(d, list):
-        return [(meta(r), r) for r in d]
+        return d
     if isinstance(d.get("runs"), list):
-        return [(meta(r), r) for r in d["runs"]]
+        return d["runs"]
     if d and "results" not in d and all(isinstance(v, dict) and "results" in v for v in d.values()):
-        return [(meta(r), r) for r in d.values()]
-    return [(meta(d), d)]
+        return list(d.values())
+    return [d]
+
+
+def headers(d) -> list[dict]:
+    """Every run's header (`meta`); a run whose `header` is a list of sentences (merged results) has one each."""
+    return [meta({"header": h}) for r in runs(d) for h in r["header"]] if any(
+        isinstance(r.get("header"), list) for r in runs(d)) else [meta(r) for r in runs(d)]
 
 
 def meta(d: dict) -> dict:
@@ -115,7 +121,7 @@ def command(cmd: str | None) -> str:
 def provenance(ctx: Ctx, name: str) -> list[str]:
     """One line per run: the file, its command, commit, date, machine, note and load."""
     out = []
-    for h, _ in runs(ctx.load(name)):
+    for h in headers(ctx.load(name)):
         commit = (h["commit"] or "?")[:7] + (" + uncommitted changes" if h["dirty"] else "")
         load = f"; load average {min(h['load']):.1f}-{max(h['load']):.1f}" if h["load"] else ""
         note = f"; {h['note']}" if h["note"] else ""
@@ -204,7 +210,7 @@ def draft_cells(ctx: Ctx) -> list[dict]:
     """Per (cell, method) of the matrix: auto against vanilla, the fixed budgets and (if run) the
     earlier chooser; the figures draft_budgets.py prints as its verdicts."""
     out = []
-    for _, body in runs(ctx.load(DB_FILE)):
+    for body in runs(ctx.load(DB_FILE)):
         for cell, res in body["results"].items():
             by = {r["config"]: r for r in res["rows"] if not r["config"].endswith(FULL_LAST)}
             methods = [c.split()[0] for c in by if c.endswith(" " + AUTO)]
@@ -581,7 +587,7 @@ def render_block(results: Path, page: Path, readme: Path) -> str:
     for a in present(ctx):
         if a.headline is None:
             continue
-        h = runs(pctx.load(a.files[0]))[0][0]
+        h = headers(pctx.load(a.files[0]))[0]
         lines.append(f"- {a.headline(pctx)} ([{a.title}]({ctx.href(page)}#{slug(a.title)}), "
                      f"`{a.files[0]}`, commit {(h['commit'] or '?')[:7]}).")
     return "\n".join(lines + [END])

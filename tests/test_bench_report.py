@@ -128,3 +128,17 @@ def test_readme_without_markers_is_one_error(tmp_path):
                                            ("The tiny model's held-out quality", "the-tiny-models-held-out-quality")])
 def test_anchor_slug(title, anchor):
     assert report.slug(title) == anchor
+
+
+def test_matrix_merged_from_several_runs(tmp_path):
+    """The matrix may come as several draft_budgets.py runs merged: every run's command is printed, every cell rendered."""
+    res, page, readme = _setup(tmp_path, matrix=False)
+    cells = list(MATRIX["results"].items())
+    second = MATRIX["header"].replace("abcdef1", "7654321").replace("--widths native", "--widths 0.5b")
+    merged = {"runs": [{"header": MATRIX["header"], "results": dict(cells[:1])},
+                       {"header": second, "results": dict(cells[1:])}]}
+    (res / report.DB_FILE).write_text(json.dumps(merged))
+    assert report.main(_args(res, page, readme)) == 0
+    text = page.read_text()
+    assert "(commit abcdef1, 2026-12-08;" in text and "--widths 0.5b` (commit 7654321, 2026-12-08;" in text
+    assert len([ln for ln in text.splitlines() if ln.startswith("| native width")]) == 2
