@@ -131,8 +131,6 @@ def _int_list(text: str) -> list[int]:
 # a field's annotation (without "| None") -> how its flag's text becomes a value (then checked by the dataclass)
 _CONVERT = {"int": _number(int, "an integer"), "float": _number(float, "a number"), "str": str, "object": str,
             "int | str": _int_or_word, "list[int]": _int_list}
-
-
 _METAVARS = {"int": "N", "float": "X"}
 
 
@@ -148,11 +146,6 @@ def _checked(cls, name: str, convert, listed: bool = False):
         return value
     parse.__name__ = name
     return parse
-
-
-def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    """Every settings flag (the name the commands used before `add_settings`)."""
-    add_settings(ap)
 
 
 def _from_args(cls, a: argparse.Namespace):

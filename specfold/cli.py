@@ -21,7 +21,7 @@ import sys
 
 from specfold.interrupts import Terminated, exit_quietly, handling_signals
 from specfold.args import (  # noqa: F401 (re-exported for callers of the older location)
-    add_decode_args, add_model_args, add_settings, engine_config_from_args, llm_from_args, nonnegative_int,
+    add_model_args, add_settings, engine_config_from_args, llm_from_args, nonnegative_int,
     overrides_from_args, params_from_args, positive_int, sampling_from_args, stats_line,
 )
 from specfold.params import RULES
