@@ -13,8 +13,7 @@ for the whole cell, as a server holds one (since ac0a119; before, every run buil
 `LLM.generate(DecodeParams)`, and paid for it). A run decodes `batch` prompts on it (batch 1: one
 prompt at a time, `n` of them; batch B: B prompts at once, B concurrent requests). Runs are interleaved (every configuration once per round, rounds
 repeated), so a shared machine's load hits all alike; each configuration gets one untimed warm-up
-run first on two prompts (its cost model calibration, from the cache after the first, and a first
-acceptance estimate); the order of the configurations rotates from one unit (round, chunk) to the next.
+run first on two prompts (auto's first steps); the order of the configurations rotates from one unit (round, chunk) to the next.
 Reported per configuration: tokens per process-CPU-second (`time.process_time` around each call:
 steadier than the wall clock on a shared core; one thread) and per wall second, each as a ratio to
 vanilla's pooled figure, and the *paired* ratio: the median over units of this configuration's
@@ -22,12 +21,12 @@ tokens per CPU-second over vanilla's in the same unit (the verdict against vanil
 against the best fixed budget uses auto over each fixed budget in the same unit, median over units, and
 the lowest of these), and the best-of-rounds
 ratio (each chunk at its fastest round: noise only adds time); NFE per request; the token match with vanilla; for auto the budgets it chose
-(drafts per verification: distribution and mean) and the predicted/measured step time.
+(drafts per verification: distribution and mean) and, in the JSON, each arm's plays and rate.
 
 `--ab-last-layer` adds, for every specfold budget, the same config with the folded verifier's last
 layer on every row (`FoldVerifier.prune_last_layer = False`, the code before it ran only the rows the
-head reads), interleaved in the same units; the verdicts ignore those configs. Auto's cost model is
-shared by both (the same process and key), so only the fixed budgets compare cleanly.
+head reads), interleaved in the same units; the verdicts ignore those configs. Auto is each config's own, so only
+the fixed budgets compare cleanly.
 
 Widened checkpoints (`specfold widen`, 0.5B preset width, the source's depth) are cost proxies with
 the source's function (benchmarks/widened.py); they are kept under --runs.
@@ -65,19 +64,11 @@ def configs(methods: list[str], budgets: list, rule: str, max_new: int) -> dict[
     out = {"vanilla": DecodeParams(**base)}
     for m in methods:
         for b in budgets:
-            out[f"{m} {b}"] = DecodeParams(**base, **METHODS[m], draft_budget="auto" if b == MODEL else b)
+            out[f"{m} {b}"] = DecodeParams(**base, **METHODS[m], draft_budget=b)
     return out
 
 
-MODEL = "model"  # the earlier auto chooser (cost model + acceptance estimates), beside the bandit (issue 42)
-AUTOS = ("auto", MODEL)
-
-
-def _model_chooser(engine) -> None:
-    """Give `engine` the earlier chooser of engine/budget.py in place of the bandit."""
-    from specfold.engine.budget import BudgetChooser
-    engine.budget = BudgetChooser(engine.config, engine.model, engine.spec, engine.program)
-    engine.runner.fold_roots = engine.budget.cost is not None and engine.budget.cost.fold_roots
+AUTOS = ("auto",)  # (the side-by-side of issue 42 added the earlier chooser here: branch issue42-matrix)
 
 
 FULL_LAST = " full-last"  # a config name ending so runs with the folded verifier's last layer on every row
@@ -106,14 +97,11 @@ def run_on(llm: LLM, engine, prompts: list[str], sp) -> list:
 
 def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeParams], rounds: int) -> tuple[dict, dict]:
     """Per configuration its units' records, and each auto configuration's chooser report at the end
-    of the cell (its cost model, acceptance estimates, probes: what it had learnt)."""
+    of the cell (each arm's plays and rate per batch size: what it had learnt)."""
     chunks = [prompts[i: i + batch] for i in range(0, len(prompts), batch)] if batch > 1 else [[p] for p in prompts]
     engines = {name: llm.engine(p.split()[0]) for name, p in params.items()}
-    for name, eng in engines.items():
-        if name.endswith(" " + MODEL):
-            _model_chooser(eng)
     sps = {name: p.split()[1] for name, p in params.items()}
-    for name in params:  # warm-up (untimed): calibration or its cache, a first acceptance estimate
+    for name in params:  # warm-up (untimed)
         with _last_layer(name):
             run_on(llm, engines[name], chunks[0][:2], sps[name])
     recs: dict[str, list[dict]] = {k: [] for k in params}
@@ -129,17 +117,13 @@ def run_cell(llm: LLM, prompts: list[str], batch: int, params: dict[str, DecodeP
                     outs = run_on(llm, engines[name], chunk, sps[name])
                     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
                 budgets = Counter()
-                pred = meas = 0.0
                 for o in outs:
                     for k, v in o.stats.extra.get("draft_budgets", {}).items():
                         budgets[int(k)] += v
-                    pred += o.stats.extra.get("predicted_seconds", 0.0)
-                    meas += o.stats.extra.get("measured_seconds", 0.0)
                 recs[name].append({"chunk": (unit - 1) % len(chunks), "cpu": cpu, "wall": wall,
                                    "tokens": sum(o.stats.tokens for o in outs),
                                    "nfe": sum(o.stats.nfe for o in outs), "n": len(outs),
-                                   "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets),
-                                   "predicted": pred, "measured": meas})
+                                   "ids": [list(o.token_ids) for o in outs], "budgets": dict(budgets)})
     return recs, {name: engines[name].budget.report() for name in params if name.split()[-1] in AUTOS}
 
 
@@ -164,12 +148,10 @@ def summarize(recs: dict[str, list[dict]]) -> list[dict]:
             b.update(r["budgets"])
         ver = sum(b.values())
         match = [a == c for r, v in zip(rs, ref) for a, c in zip(r["ids"], v["ids"])]
-        pred, meas = sum(r["predicted"] for r in rs), sum(r["measured"] for r in rs)
         rows.append({"config": name, "tpcpu": tok / sum(r["cpu"] for r in rs), "tps": tok / sum(r["wall"] for r in rs),
                      "nfe": sum(r["nfe"] for r in rs) / sum(r["n"] for r in rs), "match": sum(match) / len(match),
                      "budgets": dict(sorted(b.items())),
-                     "mean_budget": sum(k * v for k, v in b.items()) / ver if ver else 0.0,
-                     "pred_over_meas": pred / meas if pred and meas else None})
+                     "mean_budget": sum(k * v for k, v in b.items()) / ver if ver else 0.0})
     v = rows[0]
     for r, rs in zip(rows, recs.values()):
         r["x_cpu"], r["x_wall"] = r["tpcpu"] / v["tpcpu"], r["tps"] / v["tps"]
@@ -248,14 +230,13 @@ def _verdict(m: str, which: str, auto: dict, fixed: list[dict], by: dict) -> lis
 
 def table(rows: list[dict]) -> str:
     lines = ["| config | tok/CPU-s | (×v) | paired ×v | best-of-rounds ×v | tok/s | (×v) | NFE/req | match "
-             "| drafts/verif. (auto: chosen) | pred/meas |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| drafts/verif. (auto: chosen) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bud = "" if not r["budgets"] else f"{r['mean_budget']:.2f} {r['budgets']}" if r["config"].split()[-1] in AUTOS \
             else f"{r['mean_budget']:.2f}"
-        pm = "—" if r["pred_over_meas"] is None else f"{r['pred_over_meas']:.2f}"
         lines.append(f"| {r['config']} | {r['tpcpu']:.1f} | {r['x_cpu']:.2f} | {r['x_pair']:.2f} | {r['x_best']:.2f} | "
                      f"{r['tps']:.1f} | {r['x_wall']:.2f} | "
-                     f"{r['nfe']:.1f} | {r['match']:.2f} | {bud} | {pm} |")
+                     f"{r['nfe']:.1f} | {r['match']:.2f} | {bud} |")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@
 #   chose there (drafts per verification: verifications) and its ratio to vanilla and the best fixed.
 # Uses the machine's own python3 (PyTorch, Triton, safetensors, tokenizers, jinja2, tqdm) with
 # PYTHONPATH=. (no install). Writes $OUT/gpu_specfold.md, $OUT/gpu_engine.md, $OUT/draft_budgets.json
-# and their logs. The cost model's calibration cache goes to $OUT/cache (XDG_CACHE_HOME).
+# and their logs.
 #   device run:  bash benchmarks/gpu_run.sh            (timeout_s 540: the script aims at < 8 min)
 #   CPU check:   QUICK=1 bash benchmarks/gpu_run.sh    (--device cpu --quick)
 set -euo pipefail
@@ -41,7 +41,7 @@ bud=(--checkpoints "$work/tiny-0.5b" --device cuda --rules native --batches 1,16
      --max-new-tokens 32 --budgets auto,0,2,7)
 [ "${QUICK:-0}" = 1 ] && bud=(--checkpoints "$work/tiny-0.5b" --device cpu --rules static --batches 1 --n 1 --rounds 1
      --max-new-tokens 16 --budgets auto,0 --methods spiffy)
-XDG_CACHE_HOME="$OUT/cache" $PY benchmarks/draft_budgets.py "${bud[@]}" --out "$OUT/draft_budgets.json" 2>&1 | tee "$OUT/draft_budgets.log"
+$PY benchmarks/draft_budgets.py "${bud[@]}" --out "$OUT/draft_budgets.json" 2>&1 | tee "$OUT/draft_budgets.log"
 # Tensor parallelism (issue 40): NOT RUN HERE, and not run by this script. It needs a machine with at
 # least 2 GPUs (the lent machines have one); uncomment there. Same script as the CPU table in
 # BENCHMARKS "Tensor parallelism": tp2 = two ranks, one GPU each (NCCL); 1r1t / 1r2t = one GPU (their

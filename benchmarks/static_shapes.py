@@ -35,7 +35,7 @@ METHODS = ("vanilla", "freedave", "spiffy", "specfold")
 
 def decode(llm: LLM, cfg: EngineConfig, prompts: list[list[int]], max_new: int) -> dict:
     eng = llm.engine(cfg)
-    eng.run_one(prompts[0], SamplingParams(max_new_tokens=8))  # warm-up (cost model, buffers)
+    eng.run_one(prompts[0], SamplingParams(max_new_tokens=8))  # warm-up (buffers)
     if eng.runner.static is not None:
         eng.runner.static.rows = [0, 0]
     outs, ids = {}, []

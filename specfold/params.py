@@ -134,10 +134,10 @@ class EngineConfig:
 
     Scheduling: at most `max_num_seqs` requests run at once and at most `max_waiting` wait (more is
     refused with `EngineFull`); one step runs forwards of at most `max_num_batched_tokens` token rows
-    (always at least one forward). `draft_budget`: the drafts a verification verifies, "auto" (each
-    step, for each request, the drafts that maximise the step's expected committed tokens per second,
-    from a measured cost model and acceptance estimates: engine/budget.py) or an integer N >= 0 (the
-    first N of the policy's list; 0 = no drafts). Budgets change speed, never tokens.
+    (always at least one forward). `draft_budget`: the drafts a verification verifies, "auto" (a
+    bandit over the budgets 0, 1, 2 and 4 that measures positions filled per second of the steps,
+    per batch size: engine/budget.py) or an integer N >= 0 (the first N of the policy's list; 0 = no
+    drafts). Budgets change speed, never tokens.
     `static_shapes`: every request's K/V live in one preallocated pool (`max_num_seqs` slots of
     `max_seq_len` + 2 blocks positions; unset: min(the model's context, 2048)) and the runner pads the
     step's dense forwards to bucket sizes (engine/graphs.py); the tokens are the same. `cuda_graphs`
@@ -173,9 +173,9 @@ class EngineConfig:
     max_num_seqs: int = setting(64, "requests decoded at once")
     max_waiting: int = setting(256, "requests queued beyond those; more are refused (EngineFull; the server's 429)")
     max_num_batched_tokens: int = setting(8192, "token rows of one engine step (at least one forward always runs)")
-    draft_budget: int | str = setting("auto", "drafts a verification verifies: 'auto' (chosen every step from this "
-                                              "machine's measured cost and the drafts' acceptance) or N >= 0 (the "
-                                              "first N; 0 = none); tokens never change", draft=True, metavar="auto|N")
+    draft_budget: int | str = setting("auto", "drafts a verification verifies: 'auto' (a bandit over 0, 1, 2 and 4 "
+                                              "that measures the steps on this machine) or N >= 0 (the first N; "
+                                              "0 = none); tokens never change", draft=True, metavar="auto|N")
     static_shapes: bool = setting(False, "a pooled KV cache; each step's packed rows and KV lengths padded to "
                                          "buckets (the same tokens)")
     cuda_graphs: bool = setting(False, "CUDA only: one captured CUDA graph per bucket (implies static_shapes)")

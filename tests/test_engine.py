@@ -425,17 +425,14 @@ def test_request_fold_statistics_are_none_without_draft_positions():
     assert st.extra["fold_ratio_per_layer"] == [16 / 32, 4 / 32] and st.extra["fold_verifications"] == 5
 
 
-@pytest.mark.parametrize("fold_roots", [True, False])
-def test_root_only_verifications_ride_in_the_steps_folded_call(checkpoint, fold_roots):
-    """A step where some requests verify drafts and others only their root: with `fold_roots` every
-    verification goes through the one folded call (no second dense pass over the weights for the
-    root-only ones), without it the root-only ones go to the dense call; the tokens are the ones each
-    request decodes alone either way (SpecFold at δ = 0, float64)."""
+def test_root_only_verifications_go_to_the_dense_call(checkpoint):
+    """A step where some requests verify drafts and others only their root: the drafts go through
+    the folded call, the root-only verifications through the dense call; the tokens are the ones each
+    request decodes alone (SpecFold at δ = 0, float64)."""
     llm = _llm(checkpoint, "bc")
     base = DecodeParams(rule="threshold", threshold=0.6, draft_budget=64, **METHODS["specfold"])
     want = _alone(llm, base, PROMPTS, MAX_NEW)
     eng = llm.engine(base.split()[0])
-    eng.runner.fold_roots = fold_roots  # (the engine sets it from the cost model under auto budgets)
     calls = []  # per step: (the folded call's forwards as (kind, branches), the dense call's kinds)
     v, m = eng.runner.verifier, eng.runner.model
     real_v, real_m = v.verify_many, m.forward_many
@@ -450,25 +447,5 @@ def test_root_only_verifications_ride_in_the_steps_folded_call(checkpoint, fold_
         outs.update({d.request_id: d.output for d in eng.step() if d.finished})
     assert [outs[i].token_ids for i in ids] == [w.token_ids for w in want]
     folding = [c for c in calls if c[0]]  # the steps with a folded call
-    assert [c for c in folding if any(b == 1 for _, b in c[0]) or "verify" in c[1]]  # some also verify a root alone
-    assert all(("verify" in dense) != fold_roots for folded, dense in folding if
-               any(b == 1 for _, b in folded) or "verify" in dense)
-    assert all(b > 1 for folded, _ in folding for _, b in folded) != fold_roots
-    assert any("verify" in dense for folded, dense in calls if not folded)  # without drafts: the dense call
-
-
-@pytest.mark.slow
-def test_the_cost_model_says_where_root_only_verifications_go(checkpoint, tmp_path, monkeypatch):
-    """Under auto budgets the engine routes root-only verifications as the calibration measured
-    (`CostModel.fold_roots`), and the measurement survives the cache."""
-    from specfold.engine import cost
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    cost.forget_models()
-    llm = _llm(checkpoint, "bc")
-    cfg = DecodeParams(rule="threshold", threshold=0.6, draft_budget="auto", **METHODS["specfold"]).split()[0]
-    eng = llm.engine(cfg)
-    c = eng.budget.cost
-    assert isinstance(c.fold_roots, bool) and eng.runner.fold_roots == c.fold_roots
-    assert cost.CostModel.from_dict(c.to_dict()).fold_roots == c.fold_roots
-    assert llm.engine(cfg.replace(draft_budget=2)).runner.fold_roots is False  # fixed budgets: the dense call
-    cost.forget_models()
+    assert all(b > 1 for folded, _ in folding for _, b in folded)  # only verifications with drafts fold
+    assert any("verify" in dense for folded, dense in folding)  # root-only ones beside them: the dense call

@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 
 from specfold.decoding.jobs import Job, JobResult
 from specfold.decoding.layout import commit_mask, prefill_mask, window_mask
-from specfold.decoding.drafts.acceptance import Acceptance, acceptance_for
 from specfold.decoding.plugins import BlockContext, Draft, DraftPolicy, Step
 from specfold.decoding.proposal import Pick, Proposal, subset
 from specfold.decoding.readout import Read, state_key
@@ -47,7 +46,7 @@ from specfold.decoding.request import DecodeRequest
 from specfold.decoding.rules import Rule, Scored, indices, make_rule
 from specfold.decoding.store import Entry, ScoreStore
 from specfold.decoding.windows import EagerWindows, PlainWindows
-from specfold.models.spec import ModelSpec, fingerprint
+from specfold.models.spec import ModelSpec
 from specfold.params import EngineConfig
 
 
@@ -60,7 +59,6 @@ class Verification:
     rows: list[dict[int, int]]  # per branch: window index -> its row in the job's read (rows_at order)
     extra: int
     read: Read
-    buckets: list[int] | None = None  # per draft: its confidence bucket (acceptance estimates)
     drafting: bool = False  # it verifies drafts, or the chooser said the request still drafts
 
 
@@ -85,7 +83,6 @@ class BlockState:
     prelude: list[Job] = field(default_factory=list)  # jobs to run first in the next step (reuse)
     reuse: list | None = None  # hidden rows of a reused commit that must read a seed token
     verification: Verification | None = None
-    node_bucket: dict = field(default_factory=dict)  # draft node -> confidence bucket, last verification
     drafting: bool = True  # the last verification verified drafts (its branches scored look-aheads)
     seen: dict = field(default_factory=dict)  # non-monotone rules: block state -> its Entry (this block's)
 
@@ -102,16 +99,7 @@ class BlockProgram:
         self._rules: dict[tuple, Rule] = {}
         eager = bool(config.eager) and spec.attention == "block_causal" and spec.uses_cache
         self.windows = EagerWindows(getattr(verifier, "returns_hidden", False)) if eager else PlainWindows()
-        self.acceptance = self._acceptance() if self._max_drafts() else None
-
-    def _acceptance(self) -> Acceptance:
-        """The process-wide acceptance estimates of this model, rule and draft policy."""
-        c, graph = self.config, getattr(self.policy, "graph", None)
-        nodes = tuple((n.parent, n.pairs) for n in graph.nodes) if graph is not None else ()
-        key = (fingerprint(self.spec), c.rule, c.block_size, c.sub_block_size, c.tokens_per_step, c.threshold,
-               c.confidence, c.steps, bool(c.eager), self.policy.name, nodes)
-        static = c.rule == "static" and c.tokens_per_step is not None
-        return acceptance_for(key, graph, float(c.tokens_per_step) if static else 2.0, static)
+        self.drafts = self._max_drafts() > 0  # the policy makes drafts (the engine's chooser picks them)
 
     def rule(self, req: DecodeRequest) -> Rule:
         c = req.config
@@ -297,17 +285,12 @@ class BlockProgram:
                 cnt.reused_states += 1
                 if entry.node >= 0:
                     cnt.node_hits[entry.node] += 1
-                    if self.acceptance is not None:
-                        self.acceptance.hit(entry.node, st.node_bucket.get(entry.node))
             st.fresh = False
             region = rule.region(rule.candidates(st.tokens, allowed, self.M), ctx.block_origin)
             nxt, ctx.settled = rule.advance(st.tokens, entry.scored, ctx)
             if entry.scored.logprobs is not None:
                 _keep_logprobs(st, entry.scored, nxt)
-            n = sum(1 for a, b in zip(st.tokens, nxt) if a != b)
-            cnt.filled += n
-            if self.acceptance is not None:
-                self.acceptance.step(n)
+            cnt.filled += sum(1 for a, b in zip(st.tokens, nxt) if a != b)
             st.parent = Step(st.tokens, entry.scored, nxt, region, entry.ahead)
             self.policy.on_step(st.parent, ctx)
             st.tokens = nxt
@@ -353,16 +336,13 @@ class BlockProgram:
         ctx.width, ctx.window_allowed = W, ctx.allowed
         if extra:
             ctx.window_allowed = ctx.allowed + [ctx.start + i < req.limit for i in range(N, W)]
-        allowed = [i for i, a in enumerate(ctx.window_allowed) if a]
         root = _pad(state, W, self.M)
         region = self._regions(root, ctx, N, extra, extra > 0)
         if self._reads_ahead(st, extra, drafts=False):  # the root's look-ahead: the next drafts' material
             region = self._regions(root, ctx, N, extra, True)
         parent = st.parent
         nodes = self._max_drafts() if parent is not None else 0
-        return Proposal(W, ctx.start if self.spec.uses_cache else 0, len(self._need(region)), masked, extra,
-                        nodes, make=lambda: self.policy.drafts(state, parent, ctx), allowed=allowed, mask_id=self.M,
-                        root_region=region, root=state, parent=parent, kind=req.config.confidence or "max_prob")
+        return Proposal(W, extra, nodes, make=lambda: self.policy.drafts(state, parent, ctx), root_region=region)
 
     def _reads_ahead(self, st: BlockState, extra: int, drafts: bool) -> bool:
         """Whether a verification's branches also score the region the rule reads next (draft
@@ -377,13 +357,7 @@ class BlockProgram:
     def _material(self, st: BlockState, drafts: bool) -> bool:
         """Whether this verification scores draft material (look-aheads, top-k ids): always for a
         policy that reads it but never drafts (calibration's recorder), else while the request drafts."""
-        return self.acceptance is None or drafts or st.drafting
-
-    def draft_tree(self) -> list[int] | None:
-        """The parent of each draft node the policy may propose (0 = the root, i = node i), in list
-        order; None for a policy without a graph."""
-        graph = getattr(self.policy, "graph", None)
-        return None if graph is None else [n.parent for n in graph.nodes]
+        return not self.drafts or drafts or st.drafting
 
     def _max_drafts(self) -> int:
         """Drafts the policy proposes at most (its graph's nodes; 64 for a policy without a graph)."""
@@ -405,10 +379,6 @@ class BlockProgram:
         prop, chosen = pick.proposal, pick.drafts
         N, W, extra = len(state), prop.width, prop.extra
         drafts = subset(prop.drafts, chosen) if prop.nodes and chosen != [] else []
-        buckets = None
-        if drafts and self.acceptance is not None:
-            b = prop.buckets()
-            buckets = [b[i] for i in (chosen if chosen is not None else range(len(b)))]
         req.counters.draft_seconds += prop.seconds
         prop.seconds = 0.0
         branches = [_pad(state, W, self.M)] + [_pad(d.tokens, W, self.M) for d in drafts]
@@ -424,7 +394,7 @@ class BlockProgram:
             rows.append({u: len(rows_at) + i for i, u in enumerate(need)})
             rows_at += [b * W + u - shift for u in need]
         read = self._read(req, ctx, branches, rows, N, self.policy.topk if self._material(st, bool(drafts)) else 0)
-        st.verification = Verification(branches, drafts, regions, rows, extra, read, buckets,
+        st.verification = Verification(branches, drafts, regions, rows, extra, read,
                                        bool(drafts) or pick.drafting)
         return Job(branches, ctx.start, req.cache, st.mask, rows_at=rows_at,
                    parents=[-1] + [d.parent for d in drafts], return_hidden=self.windows.wants_hidden,
@@ -469,15 +439,10 @@ class BlockProgram:
         cnt.add_fold(res.stats)
         cnt.drafts_verified += len(v.drafts)
         cnt.eager_windows += int(v.extra > 0)
-        st.node_bucket = {}
         if st.parent is not None:  # a block's first step cannot draft: it says nothing
             st.drafting = v.drafting
-        for i, d in enumerate(v.drafts):
+        for d in v.drafts:
             cnt.node_drafts[d.node] += 1
-            if self.acceptance is not None:
-                b = v.buckets[i] if v.buckets is not None else None
-                st.node_bucket[d.node] = b
-                self.acceptance.drafted(d.node, b)
         cnt.budgets[len(v.drafts)] += 1
         st.store.clear(ctx.start)
         self.windows.remember(st, v.branches, res.hidden, ctx.start)

@@ -1,9 +1,8 @@
 """`Proposal`: one verification before its drafts are chosen (host data); `Pick`: the drafts chosen.
 
 Each engine step works in two phases. Every request that must verify proposes its verification: the
-root (its window, prefix length, head rows, the masks its rule may fill) and the policy's full list
-of drafts, computed lazily (`Proposal.drafts`) so that a chooser that wants none never pays for
-drafting. The engine's chooser (engine/budget.py) then picks, for each request, which drafts to
+root (its window and the rows its rule reads) and the policy's full list of drafts, computed lazily
+(`Proposal.drafts`) so that a chooser that wants none never pays for drafting. The engine's chooser (engine/budget.py) then picks, for each request, which drafts to
 verify, and only then are the jobs built: the engine passes each request's `Pick` to
 `BlockProgram.plan(req, pick)`. The pick is an argument: nothing of the choice is kept on the
 request or in its state.
@@ -20,30 +19,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from specfold.decoding.drafts.acceptance import bucket
-from specfold.decoding.plugins import Draft, Step
+from specfold.decoding.plugins import Draft
 
 
 @dataclass
 class Proposal:
-    """What a verification costs and may gain, before its drafts are chosen."""
+    """One verification before its drafts are chosen."""
     width: int  # window positions (token rows per branch)
-    kv: int  # prefix positions every row attends to (cache length)
-    root_rows: int  # head rows of the root branch
-    masked: int  # masks the rule may still fill in the current block (root)
     extra: int  # eager: later blocks in the window
     nodes: int  # drafts the policy may propose at most (0: none, `drafts` is not computed)
     make: object = None  # () -> list[Draft]: the policy's drafts (called once, on first use)
-    allowed: list[int] = field(default_factory=list)  # window indices the current block's rule may fill
-    mask_id: int = -1
     seconds: float = 0.0  # host time spent drafting
     root_region: tuple | None = None  # the root branch's (rule regions, look-aheads), as the job needs them
-    root: list[int] = field(default_factory=list)  # the root state
-    parent: Step | None = None  # the step the drafts are made from (its scores: their confidence)
-    kind: str = "max_prob"  # the confidence kind of those scores
-    _buckets: list[int] | None = field(default=None, repr=False)
     _drafts: list[Draft] | None = field(default=None, repr=False)
-    _masks: list[int] | None = field(default=None, repr=False)
 
     @property
     def drafts(self) -> list[Draft]:
@@ -53,41 +41,6 @@ class Proposal:
             self._drafts = self.make() if (self.make is not None and self.nodes) else []
             self.seconds += time.perf_counter() - t0
         return self._drafts
-
-    @property
-    def computed(self) -> bool:
-        return self._drafts is not None
-
-    def masks_left(self) -> list[int]:
-        """Per draft: the masks its state leaves for the rule in the current block (0: the block is
-        complete in that state, so reaching it saves no rule step of this block)."""
-        if self._masks is None:
-            M, idx = self.mask_id, self.allowed
-            self._masks = [sum(1 for i in idx if i >= len(d.tokens) or d.tokens[i] == M)  # short: padded with M
-                           for d in self.drafts]
-        return self._masks
-
-
-    def buckets(self) -> list[int]:
-        """Per draft: the confidence bucket (acceptance.py) of the lowest confidence the parent step
-        gave the positions it fills beyond the root."""
-        if self._buckets is None:
-            conf: dict[int, float] = {}
-            st = self.parent
-            for sc in ((st.ahead, st.scored) if st is not None else ()):
-                if sc is not None:
-                    conf.update(zip(sc.positions, sc.conf))
-            root, M, n = self.root, self.mask_id, len(self.root)
-            open_ = [i for i in range(n) if root[i] == M]  # the root's masks: what a draft may fill
-            get = conf.get
-            out = []
-            for d in self.drafts:
-                t = d.tokens
-                lo = min([get(i, 1.0) for i in open_ if i < len(t) and t[i] != M]
-                         + [get(i, 1.0) for i in range(n, len(t)) if t[i] != M], default=1.0)
-                out.append(bucket(lo, self.kind))
-            self._buckets = out
-        return self._buckets
 
 
 @dataclass(slots=True)

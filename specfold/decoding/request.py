@@ -35,8 +35,6 @@ class Counters:
     node_drafts: Counter = field(default_factory=Counter)
     node_hits: Counter = field(default_factory=Counter)
     budgets: Counter = field(default_factory=Counter)  # drafts verified -> verifications (the chosen budgets)
-    predicted_seconds: float = 0.0  # the budget chooser's predicted time of the steps this request took part in
-    measured_seconds: float = 0.0  # the same steps' measured time (the cost model's clock, host work included)
     fold: dict | None = None  # summed per-layer fold counters (folded verifiers only)
 
     def add_fold(self, counts: dict | None) -> None:
@@ -61,8 +59,6 @@ class Counters:
         ex["node_drafts"] = dict(sorted(self.node_drafts.items()))
         ex["node_hits"] = dict(sorted(self.node_hits.items()))
         ex["draft_budgets"] = dict(sorted(self.budgets.items()))
-        ex["predicted_seconds"] = self.predicted_seconds
-        ex["measured_seconds"] = self.measured_seconds
         if self.fold is not None and fold_report is not None:  # ratios are None where no draft was verified
             ex.update(fold_report(self.fold))
 

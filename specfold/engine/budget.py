@@ -3,18 +3,19 @@
 - An integer N: every verification verifies the first N drafts of its policy's list (a prefix is
   closed under parents); 0 = none (the policy is not even asked).
 - "auto": a measured bandit over the fixed budgets ARMS. Each step plays one arm for every request
-  that verifies. Per running-batch size (a power-of-two bucket) and arm it keeps the positions the
-  rule filled and the seconds the steps took, both decayed, and plays the arm with the most
-  positions per second; a few steps in every hundred try a neighbour of the best instead. It needs
+  that verifies. Per batch size (running requests, a power-of-two bucket) and arm it keeps the
+  positions the rule filled and the seconds the steps took, both decayed, and plays the arm with
+  the most positions per second; now and then a run tries a neighbour of the best instead. It needs
   no calibration, no cache file and no cost model: it learns from the steps themselves, on the
-  clock of the machine it runs on. It starts at 0 and climbs: a neighbour of the best is played
-  TRIES times before it is judged, so a budget far from the best is never tried; a batch size not
-  seen before starts from the nearest one seen.
+  clock of the machine it runs on. It starts at 0 and climbs: the arms next to the best, and 0, are
+  played TRIES times before they are judged, so a budget far from the best is never tried. Each
+  batch size measures its own rates, from 0: they differ by batch size, and a bucket never judges
+  with another's.
 
-Arms are played in runs of RUN steps, and a step is scored only when the steps before and after it
-play the same arm: a step pays for work its predecessor caused (the commit of a block that drafts
-completed, the material drafts are made from: look-aheads and top-k ids, read one step before),
-and scoring across a change of arm would credit one arm with the other's work (drafts complete
+Arms are played in runs of RUN steps (a change of batch size ends a run), and a step is scored
+only when the steps before and after it play the same arm: a step pays for work its predecessor
+caused (the commit of a block that drafts completed, the material drafts are made from:
+look-aheads and top-k ids, read one step before), and scoring across a change of arm would credit one arm with the other's work (drafts complete
 blocks sooner, and the step after pays their commits). The next step's arm is known one step
 ahead, so a request reads material exactly when the next step may draft.
 
@@ -40,11 +41,11 @@ import torch
 from specfold.decoding.proposal import Pick, Proposal
 
 ARMS = (0, 1, 2, 4)
-TRIES = 6  # scored plays of a neighbour of the best before it is judged
+TRIES = 3  # scored plays of a neighbour of the best before it is judged
 RUN = 6  # an arm is played for RUN steps in a row
-EXPLORE = 0.02  # share of runs that play a neighbour of the best arm
-EXPLORE_UNSURE = 0.1  # ... one whose rate is within two standard errors of the best's
-DECAY = 0.99  # weight of an arm's past, per play: about its last 100 plays count
+EXPLORE = 0.01  # share of runs that play a neighbour of the best arm
+EXPLORE_UNSURE = 0.05  # ... one whose rate is within two standard errors of the best's
+DECAY = 0.995  # weight of an arm's past, per play: about its last 200 plays count
 
 
 def clock_for(device):
@@ -57,45 +58,45 @@ def clock_for(device):
 
 @dataclass(slots=True)
 class Arm:
-    filled: float = 0.0  # positions the rule filled in the steps this arm was scored (decayed)
-    seconds: float = 0.0  # those steps' seconds (decayed)
+    """Decayed sums over the steps an arm was scored: positions filled f, seconds s, and the second
+    moments that give the standard error of the rate f / s."""
+    f: float = 0.0
+    s: float = 0.0
+    ff: float = 0.0
+    fs: float = 0.0
+    ss: float = 0.0
     plays: int = 0
-    weight: float = 0.0  # the decayed count of those steps, and the sums of their own rates and squares:
-    sum_r: float = 0.0  # how far the rate may be off (`spread`)
-    sum_r2: float = 0.0
 
-    def add(self, filled: int, seconds: float) -> None:
-        r = filled / seconds if seconds > 0 else 0.0
-        self.filled = DECAY * self.filled + filled
-        self.seconds = DECAY * self.seconds + seconds
-        self.weight = DECAY * self.weight + 1
-        self.sum_r = DECAY * self.sum_r + r
-        self.sum_r2 = DECAY * self.sum_r2 + r * r
+    def add(self, f: int, s: float) -> None:
+        d = DECAY
+        self.f, self.s = d * self.f + f, d * self.s + s
+        self.ff, self.fs, self.ss = d * self.ff + f * f, d * self.fs + f * s, d * self.ss + s * s
         self.plays += 1
 
     @property
     def rate(self) -> float:
-        return self.filled / self.seconds if self.seconds > 0 else 0.0
+        return self.f / self.s if self.s > 0 else 0.0
 
-    def spread(self) -> float:
-        """The standard error of the rate, from the spread of the steps' own rates."""
-        if self.weight <= 1:
+    def error(self) -> float:
+        """The rate's standard error (delta method for a ratio of sums: the residuals f - rate * s)."""
+        if self.plays < 2:
             return float("inf")
-        mean = self.sum_r / self.weight
-        return math.sqrt(max(self.sum_r2 / self.weight - mean * mean, 0.0) / self.weight)
+        r = self.rate
+        return math.sqrt(max(self.ff - 2 * r * self.fs + r * r * self.ss, 0.0)) / self.s
 
 
 class BudgetChooser:
     def __init__(self, config, program, device):
         self.budget = config.draft_budget
         self.auto = self.budget == "auto"
-        self.drafts = getattr(program, "acceptance", None) is not None  # the program proposes drafts
+        self.drafts = getattr(program, "drafts", False)  # the program proposes drafts
         self.clock = clock_for(device)
         self.chosen = Counter()  # drafts verified per verification -> count (this engine)
         self.arms: dict[int, list[Arm]] = {}
         self.rng = random.Random(0)
         self._arm = self._next = 0  # indices into ARMS: this step's arm, the next step's (auto)
         self._left = 0  # steps left in the current run of `_next`
+        self._bucket = -1  # the batch size of the current run
         self._played: tuple[int, int] | None = None  # this step's (bucket, arm index), observed at its end
         self._t0 = 0.0
 
@@ -103,66 +104,63 @@ class BudgetChooser:
         self._t0 = self.clock()
         self._played = None
 
-    def choose(self, ids: list[str], props: list[Proposal | None], base) -> tuple[list[Pick | None], None]:
-        """Each request's `Pick` (None where it has no proposal); `ids`, `base` (the step's other jobs)
-        are the engine's interface and unused here."""
+    def choose(self, props: list[Proposal | None]) -> list[Pick | None]:
+        """Each request's `Pick` (None where it has no proposal)."""
         if not self.auto:
             n, drafting = int(self.budget), False
         else:
-            bucket = max(sum(p is not None for p in props), 1).bit_length()
-            prev, arm = self._arm, self._next
+            bucket = max(len(props) - 1, 0).bit_length()  # running requests: 1, 2, 3-4, 5-8, 9-16, ...
+            prev = self._arm
+            if bucket != self._bucket:  # the batch changed: a run of its own arm, from this step
+                self._bucket, self._next, self._left = bucket, self._arm_for(bucket), RUN
+            arm = self._arm = self._next
+            self._left -= 1
             if self._left <= 0:  # the run ends: the next one's arm
                 self._next, self._left = self._arm_for(bucket), RUN
-            self._left -= 1
-            if prev == arm == self._next and any(p is not None and p.nodes for p in props):
-                self._played = (bucket, arm)  # scored: no other arm's work spills into it
-            self._arm = arm
+            self._played = (bucket, arm) if prev == arm == self._next and any(p is not None and p.nodes for p in props) \
+                else None  # scored only where no other arm's work spills in
             n, drafting = ARMS[arm], ARMS[self._next] > 0
-        return [None if p is None else _prefix(p, n, drafting) for p in props], None
+        return [None if p is None else _prefix(p, n, drafting) for p in props]
 
     def _arm_for(self, bucket: int) -> int:
         """The best arm played so far, unless a neighbour of it has fewer than TRIES plays (then the
-        neighbour: arms are climbed one at a time, never tried far from the best), or the step
-        explores (a neighbour, at random: 2 % of runs each, 10 % while their rates' standard errors
-        do not tell them apart, so that a close call is settled by more plays, at little cost)."""
+        neighbour: arms are climbed, never tried far from the best), or the run
+        explores (a neighbour, at random: 1 % of runs each, 5 % for one the standard errors do not
+        tell from the best, so that a close call is settled by more plays, at little cost)."""
         arms = self._arms(bucket)
         played = [i for i, a in enumerate(arms) if a.plays]
-        best = max(played, key=lambda i: arms[i].rate, default=0)
-        near = [i for i in (best + 1, best - 1) if 0 <= i < len(arms)]
+        if not played:  # a batch size not seen before starts at 0
+            return 0
+        best = self._best(bucket)
+        # the neighbours of the best, and 0 (the rates need not fall on both sides of the best)
+        near = list(dict.fromkeys(i for i in (best + 1, best - 1, 0) if 0 <= i < len(arms) and i != best))
         for i in near:
             if played and arms[i].plays < TRIES:
                 return i
-        top = arms[best].rate - 2 * arms[best].spread()
-        for i in self.rng.sample(near, len(near)):  # a neighbour that may yet be the best is tried more
-            unsure = arms[i].rate + 2 * arms[i].spread() >= top
+        low = arms[best].rate - 2 * arms[best].error()
+        for i in self.rng.sample(near, len(near)):  # one that may yet be the best is played more
+            unsure = arms[i].rate + 2 * arms[i].error() >= low
             if self.rng.random() < (EXPLORE_UNSURE if unsure else EXPLORE):
                 return i
         return best
 
     def _arms(self, bucket: int) -> list[Arm]:
-        arms = self.arms.get(bucket)
-        if arms is None:  # a new batch size starts from the nearest one seen
-            near = min(self.arms, key=lambda b: abs(b - bucket), default=None)
-            arms = self.arms[bucket] = [Arm(a.filled, a.seconds, a.plays) for a in self.arms[near]] \
-                if near is not None else [Arm() for _ in ARMS]
-        return arms
+        return self.arms.setdefault(bucket, [Arm() for _ in ARMS])
 
-    def end_step(self, filled: int) -> float:
-        """The step is done; `filled`: the positions the rule filled in it. Returns its seconds."""
+    def _best(self, bucket: int) -> int:
+        """The arm with the highest rate in `bucket` (0 where nothing was played)."""
+        arms = self.arms[bucket]
+        return max((i for i, a in enumerate(arms) if a.plays), key=lambda i: arms[i].rate, default=0)
+
+    def end_step(self, filled: int) -> None:
+        """The step is done; `filled`: the positions the rule filled in it."""
         seconds = self.clock() - self._t0
         if self._played is not None:
             bucket, arm = self._played
             self._arms(bucket)[arm].add(filled, seconds)
-        return seconds
-
-    def observe(self, jobs, seconds: float, results) -> None:
-        """The runner call's time (unused: the whole step is measured)."""
 
     def record(self, n_drafts: int) -> None:
         self.chosen[n_drafts] += 1
-
-    def forget(self, rid: str) -> None:
-        """The request ended (nothing is kept per request)."""
 
     def report(self) -> dict:
         """Engine-wide: the budgets verified, and per bucket each arm's plays and positions per second."""
@@ -175,4 +173,4 @@ def _prefix(p: Proposal, n: int, drafting: bool) -> Pick:
     """The first n drafts of `p` (made only when n > 0); `drafting`: the next step may draft."""
     if n == 0 or not p.nodes:
         return Pick(p, [], drafting)
-    return Pick(p) if n >= p.nodes else Pick(p, list(range(min(n, len(p.drafts)))), drafting)
+    return Pick(p, None if n >= p.nodes else list(range(min(n, len(p.drafts)))), drafting)

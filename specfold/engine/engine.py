@@ -8,13 +8,12 @@
 
 Each step: schedule (admit waiting requests, scheduler.py) -> every request that verifies proposes
 its verification, once (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
-drafts of all of them at once (budget.py: a fixed N, or "auto" from the cost model and acceptance
-estimates) -> `program.plan(req, pick)` for every running request, with its pick (host: the jobs it
-needs now) ->
-`runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device copy,
-one read back; its host wall time refines the cost model) -> `program.update(req, results)` (host:
-rules, drafts, bookkeeping) -> a `RequestDelta` for every request that finished or produced final
-tokens. The program is the block program (decoding/program.py) or a causal one: one interface.
+drafts of all of them at once (budget.py: a fixed N, or "auto", a bandit that measures the steps)
+-> `program.plan(req, pick)` for every running request, with its pick (host: the jobs it needs now)
+-> `runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device
+copy, one read back) -> `program.update(req, results)` (host: rules, drafts, bookkeeping; the
+positions the rule filled and the step's time go to the chooser) -> a `RequestDelta` for every
+request that finished or produced final tokens. The program is the block program (decoding/program.py) or a causal one: one interface.
 
 Invariants:
 - single-threaded: one caller drives `step()`; the server runs it in one background thread;
@@ -38,7 +37,7 @@ import torch
 from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
-from specfold.engine.bandit import BudgetChooser
+from specfold.engine.budget import BudgetChooser
 from specfold.engine.graphs import check_pool_fits, static_parts
 from specfold.engine.mirror import MirroredRunner
 from specfold.engine.request import Request
@@ -151,13 +150,12 @@ class Engine:
         with torch.inference_mode():
             for req in self.scheduler.admit(self.waiting, self.running):
                 self.program.start(req, self.new_cache)
-            plans, predicted = self._plan(touched)
+            plans = self._plan(touched)
             chosen = self.scheduler.select(plans)
             jobs = [j for _, js in chosen for j in js]
-            t0, c0 = time.perf_counter(), self.budget.clock()
+            t0 = time.perf_counter()
             results = self.runner.run(jobs)
             dt = time.perf_counter() - t0
-            self.budget.observe(jobs, self.budget.clock() - c0, results)
             i = filled = 0
             for req, js in chosen:
                 for j in js:
@@ -171,13 +169,7 @@ class Engine:
                 touched.append(req)
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
-            measured = self.budget.end_step(filled)  # the whole step, on the chooser's clock
-            # auto: the steps the chooser predicted (their ratio is the cost model's calibration);
-            # a fixed budget: every step
-            if predicted is not None or not self.budget.auto:
-                for req, _ in chosen:
-                    req.counters.predicted_seconds += predicted or 0.0
-                    req.counters.measured_seconds += measured
+            self.budget.end_step(filled)
         self.steps += 1
         for req in dict.fromkeys(touched):
             d = self._delta(req)
@@ -185,16 +177,15 @@ class Engine:
                 deltas.append(d)
         return deltas
 
-    def _plan(self, touched: list[Request]) -> tuple[list[tuple[Request, list]], float | None]:
+    def _plan(self, touched: list[Request]) -> list[tuple[Request, list]]:
         """Every running request's jobs for this step, in two phases: the requests that verify propose
         their verification once (root + the policy's drafts, made lazily), the budget chooser picks the
         drafts of all of them at once (engine/budget.py), then each request's pick goes to
-        `plan(req, pick)`. A request with no job is done. Returns the plans and the chooser's predicted
-        step seconds (auto budgets)."""
+        `plan(req, pick)`. A request with no job is done."""
         propose = getattr(self.program, "propose", None) if self.budget.drafts else None
         props = [propose(req) if propose is not None else None for req in self.running]
-        base = [self.program.plan(req) if p is None else list(req.state.prelude) for req, p in zip(self.running, props)]
-        picks, predicted = self.budget.choose([r.id for r in self.running], props, [j for js in base for j in js])
+        base = [self.program.plan(req) if p is None else [] for req, p in zip(self.running, props)]
+        picks = self.budget.choose(props)
         out = []
         for req, jobs, pick in zip(list(self.running), base, picks):
             if pick is not None:
@@ -204,12 +195,11 @@ class Engine:
             else:
                 self._finish(req, req.finish_reason or "length")
                 touched.append(req)
-        return out, predicted
+        return out
 
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:
             self.running.remove(req)
-        self.budget.forget(req.id)
         req.finish(reason)
 
     def _delta(self, req: Request) -> RequestDelta | None:

@@ -20,8 +20,7 @@ With `SPECFOLD_TP_CHECK=1` every rank also sends a digest of each step's fold st
 rank 0 raises if any differs (the tests' proof that every rank folds the same rows).
 
 Invariants: the followers hold no decode state (no request, no program, no scheduler); a message
-is a pure function of rank 0's host data; the cost model's calibration forwards (engine/cost.py)
-cross as `call` messages (`MirroredModel`), tensors copied to the host: calibration only.
+is a pure function of rank 0's host data.
 """
 from __future__ import annotations
 
@@ -32,11 +31,9 @@ import os
 import weakref
 from dataclasses import dataclass
 
-import torch
 
 from specfold.decoding.jobs import HiddenRows, Job, JobResult
 from specfold.errors import DistributedError
-from specfold.models.forward import Forward, ForwardResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,21 +142,13 @@ class MirroredRunner:
     def static(self):
         return self.runner.static
 
-    @property
-    def fold_roots(self) -> bool:
-        return self.runner.fold_roots
-
-    @fold_roots.setter
-    def fold_roots(self, value: bool) -> None:
-        self.runner.fold_roots = value
-
     def run(self, jobs: list[Job]) -> list[JobResult]:
         if not jobs:
             return []
         ld = self.leader
         wire = [dataclasses.replace(j, cache=ld.cache(j.cache), hidden=ld.hidden(j.hidden)) for j in jobs]
         with ld.step():
-            n = ld.send("run", self.key, self.runner.fold_roots, wire)
+            n = ld.send("run", self.key, wire)
             results = self.runner.run(jobs)
             if ld.check:
                 got = ld.control.digests([r.stats for r in results])
@@ -168,42 +157,3 @@ class MirroredRunner:
                 ld.checked += 1
         ld.tag(n, results)
         return results
-
-
-def _forward_wire(ld: Leader, f: Forward) -> dict:
-    d = {s: getattr(f, s) for s in Forward.__slots__}
-    d["cache"] = ld.cache(f.cache)
-    return {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
-
-
-class MirroredModel:
-    """The model and verifier as engine/cost.py's calibration sees them on rank 0: `forward_many` and
-    `verify_many` ship their forwards first (tensors through the host: calibration only)."""
-
-    def __init__(self, leader: Leader, key: int, model, verifier):
-        self._leader, self._key, self._model, self._verifier = leader, key, model, verifier
-        self.verifier = None if verifier is None else _MirroredVerifier(self)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
-
-    def _call(self, method: str, forwards: list[Forward]) -> list[ForwardResult]:
-        wire = [_forward_wire(self._leader, f) for f in forwards]
-        target = self._model if method == "forward_many" else self._verifier
-        with self._leader.step():
-            self._leader.send("call", self._key, method, wire)
-            return getattr(target, method)(forwards)
-
-    def forward_many(self, forwards: list[Forward]) -> list[ForwardResult]:
-        return self._call("forward_many", forwards)
-
-
-class _MirroredVerifier:
-    def __init__(self, mm: MirroredModel):
-        self._mm = mm
-
-    def __getattr__(self, name):
-        return getattr(self._mm._verifier, name)
-
-    def verify_many(self, forwards: list[Forward]) -> list[ForwardResult]:
-        return self._mm._call("verify_many", forwards)

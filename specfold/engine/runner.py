@@ -7,10 +7,7 @@ one host-to-device copy and one device-to-host read.
 2. With a dense verifier (`packs_with_model`) every forward of the step (prefill, verify, commit)
    runs in ONE `Transformer.forward_many` call. Otherwise the verify forwards with drafts go through
    `verifier.verify_many` and the rest through one `forward_many`. Root-only verifications join
-   the dense call (a verifier only changes how draft rows are computed), or, with `fold_roots` (set
-   by the engine from the cost model's measurement, under auto budgets), the step's folded call when
-   it has one: one pass over the weights for every verification instead of two, which pays at a
-   large width and not at a small one (cost.py `_roots_cheaper_folded`). Reuse jobs (eager commits)
+   the dense call (a verifier only changes how draft rows are computed). Reuse jobs (eager commits)
    write K/V from earlier hidden states first. With static shapes (EngineConfig.static_shapes /
    cuda_graphs) the forwards that can run padded to a bucket (engine/graphs.py: dense, against a
    pool slot, no hidden states returned) do, their integers riding in the same one copy; the rest
@@ -36,7 +33,6 @@ class ModelRunner:
         self.model, self.verifier, self.M = model, verifier, mask_id
         self.device = model.device
         self.static = static  # static-shape buckets / CUDA graphs (engine/graphs.py), when on
-        self.fold_roots = False  # root-only verifications join a step's folded call (cost.py measures it)
         self.reads = True  # False on tensor-parallel ranks other than 0 (engine/mirror.py): rank 0 reads
 
     def run(self, jobs: list[Job]) -> list[JobResult]:
@@ -114,8 +110,6 @@ class ModelRunner:
             return self.model.forward_many(forwards) if forwards else []
         out: list[ForwardResult | None] = [None] * len(forwards)
         ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and f.tokens.shape[0] > 1]
-        if ver and self.fold_roots:  # the step's root-only verifications ride in the same folded call
-            ver = [i for i, f in enumerate(forwards) if f.kind == "verify" and not f.write_cache]
         rest = [i for i in range(len(forwards)) if i not in set(ver)]
         for idx, res in ((rest, self.model.forward_many([forwards[i] for i in rest]) if rest else []),
                          (ver, v.verify_many([forwards[i] for i in ver]) if ver else [])):

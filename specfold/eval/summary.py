@@ -5,8 +5,8 @@ tokens / total seconds; tokens per forward = total tokens / total NFE); NFE is p
 figure is also given as a ratio to the row of vanilla on the same task at the record's
 `ref_setting` (value / vanilla value: above 1 means more, so NFE below 1 is better); rows run at a
 batch size above 1 pool each batch's wall time (`throughput_seconds`), so their tokens/s is the
-engine's throughput. `drafts/verif.` = drafts verified per verification (the chosen budgets),
-`pred/meas` = the auto budget chooser's predicted over measured step time. `match` is the
+engine's throughput. `drafts/verif.` = drafts verified per verification (the chosen budgets).
+`match` is the
 mean, over samples, of the fraction of token positions equal to vanilla's (over the longer of the
 two outputs); `exact` the fraction of samples with identical tokens.
 """
@@ -69,19 +69,13 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _budgets(recs: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Drafts verified per verification (mean and distribution of the chosen budgets) and the auto
-    chooser's predicted over measured step time (None with a fixed budget)."""
+    """Drafts verified per verification: the mean and distribution of the chosen budgets."""
     dist: dict[int, int] = defaultdict(int)
-    pred = meas = 0.0
     for r in recs:
-        ex = r.get("extra", {})
-        for k, n in (ex.get("draft_budgets") or {}).items():
+        for k, n in (r.get("extra", {}).get("draft_budgets") or {}).items():
             dist[int(k)] += n
-        pred += ex.get("predicted_seconds") or 0.0
-        meas += (ex.get("measured_seconds") if "measured_seconds" in ex else ex.get("model_seconds")) or 0.0
     n = sum(dist.values())
-    return {"budgets": dict(sorted(dist.items())), "mean_budget": sum(k * v for k, v in dist.items()) / n if n else None,
-            "predicted_over_measured": pred / meas if pred and meas else None}
+    return {"budgets": dict(sorted(dist.items())), "mean_budget": sum(k * v for k, v in dist.items()) / n if n else None}
 
 
 FOLDING = ("specfold", "linear_specfold")  # methods whose verification folds rows at delta > 0
@@ -112,8 +106,7 @@ def _pct(v: float | None) -> str:
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table; extra task metrics (IFEval's four accuracies ...) listed under it."""
     head = ["task", "method", "setting", "n", "accuracy", "(×v)", "NFE/sample", "(×v)", "tok/fwd", "(×v)",
-            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0", "drafts/verif.", "pred/meas",
-            "outside fwd"]
+            "tok/s", "(×v)", "match", "exact", "fold ratio", "excl. layer 0", "drafts/verif.", "outside fwd"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     extra = []
     for r in rows:
@@ -123,7 +116,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
                  _fmt(r["tokens_per_second"], ".1f"), _fmt(r["tokens_per_second_x"], ".2f"),
                  _fmt(r["match"]), _fmt(r["exact"]), _fmt(r["fold_ratio"], ".2f"),
                  _fmt(r["fold_ratio_excl_layer0"], ".2f"), _fmt(r.get("mean_budget"), ".2f"),
-                 _fmt(r.get("predicted_over_measured"), ".2f"), _pct(r.get("outside_forward"))]
+                 _pct(r.get("outside_forward"))]
         lines.append("| " + " | ".join(cells) + " |")
         more = {k: v for k, v in r["metrics"].items() if k != "accuracy"}
         if more:

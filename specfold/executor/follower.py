@@ -15,7 +15,6 @@ from specfold.engine.engine import build_program
 from specfold.engine.graphs import static_parts
 from specfold.engine.mirror import CacheRef, HiddenRef
 from specfold.engine.runner import ModelRunner
-from specfold.models.forward import Forward
 from specfold.models.pool import SlotCache
 
 
@@ -50,9 +49,8 @@ class Follower:
         if kind == "engine":
             self._engine(key, payload[0])
         elif kind == "run":
-            fold_roots, wire = payload
+            wire, = payload
             runner = self.runners[key]
-            runner.fold_roots = fold_roots
             jobs = [dataclasses.replace(j, cache=self._cache(j.cache), hidden=self._hidden(j.hidden)) for j in wire]
             results = runner.run(jobs)
             if self.check:
@@ -60,11 +58,6 @@ class Follower:
             for i, r in enumerate(results):
                 if r.hidden is not None:
                     self.hidden[(n, i)] = r.hidden
-        elif kind == "call":
-            method, wire = payload
-            runner = self.runners[key]
-            target = self.model if method == "forward_many" else runner.verifier
-            getattr(target, method)([self._forward(f) for f in wire])
         else:
             raise RuntimeError(f"internal error: unknown tensor-parallel message {kind!r}")
 
@@ -91,8 +84,3 @@ class Follower:
     def _hidden(self, ref: HiddenRef | None) -> HiddenRows | None:
         return None if ref is None else HiddenRows(self.hidden[ref.ref], ref.branch, ref.start, ref.stop)
 
-    def _forward(self, d: dict) -> Forward:
-        dev = self.model.device
-        d = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
-        d["cache"] = self._cache(d["cache"])
-        return Forward(**d)

@@ -24,11 +24,7 @@ Invariants:
     "length", or "abort" for those whose client went away);
   - draft budgets (FreeDave, Spiffy, SpecFold; `EngineConfig.draft_budget`), from finished requests:
     `specfold:draft_budget` (histogram: drafts verified per verification, the chosen budgets),
-    `specfold:drafts_verified_total` (so accepted / verified is the acceptance rate), and
-    `specfold:step_seconds_predicted_total` / `specfold:step_seconds_measured_total` (the auto
-    chooser's predicted and the measured time of the steps it predicted that each request took part
-    in: their ratio is the cost model's calibration; with a fixed budget predicted stays 0 and
-    measured counts every step).
+    and `specfold:drafts_verified_total` (so accepted / verified is the acceptance rate).
 """
 from __future__ import annotations
 
@@ -69,10 +65,6 @@ class ServerMetrics:
         self.budget = Histogram("specfold:draft_budget", "Drafts verified per verification (the chosen budgets).",
                                 buckets=BUDGET_BUCKETS, registry=r)
         self.verified = Counter("specfold:drafts_verified", "Drafts verified by the finished requests.", registry=r)
-        self.predicted = Counter("specfold:step_seconds_predicted", "Predicted seconds of the steps of the "
-                                 "finished requests (auto draft budgets).", registry=r)
-        self.measured = Counter("specfold:step_seconds_measured", "Measured seconds of the steps of the "
-                                "finished requests (the cost model's clock, host work included).", registry=r)
 
     def track(self, arrival: float, prompt_lengths: list[int]) -> "Tracker":
         """An accepted HTTP request: one engine request per prompt length (in choice order)."""
@@ -92,8 +84,6 @@ class ServerMetrics:
             for _ in range(int(n)):
                 self.budget.observe(int(k))
         self.verified.inc(ex.get("drafts_verified", 0))
-        self.predicted.inc(ex.get("predicted_seconds", 0.0))
-        self.measured.inc(ex.get("measured_seconds", 0.0))
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
