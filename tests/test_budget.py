@@ -206,7 +206,8 @@ def test_fixed_budgets(checkpoint):
     n = [24] * 3
     van = _batched(llm, EngineConfig(**RULE, early_stop=False), PROMPTS[:3], n)
     for b in (0, 1, 3):
-        outs = _batched(llm, EngineConfig(**RULE, early_stop=False, draft_budget=b, **METHODS["spiffy"]), PROMPTS[:3], n)
+        cfg = EngineConfig(**RULE, early_stop=False, draft_budget=b, **METHODS["spiffy"])
+        outs = _batched(llm, cfg, PROMPTS[:3], n)
         for o, v in zip(outs, van):
             assert o.token_ids == v.token_ids
             assert max(o.stats.extra["draft_budgets"]) <= b
@@ -298,7 +299,8 @@ def test_the_row_budget_is_the_schedulers(checkpoint, budget, monkeypatch):
         deferred[0] += len(plans) - len(chosen)
         return chosen
     eng.scheduler.select = spy
-    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
+    ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i))
+           for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
     outs = {}
     while eng.has_unfinished():
         outs.update((d.request_id, d.output) for d in eng.step() if d.finished)

@@ -15,8 +15,9 @@
 Arms are played in runs of RUN steps (a change of batch size ends a run), and a step is scored
 only when the steps before and after it play the same arm: a step pays for work its predecessor
 caused (the commit of a block that drafts completed, the material drafts are made from:
-look-aheads and top-k ids, read one step before), and scoring across a change of arm would credit one arm with the other's work (drafts complete
-blocks sooner, and the step after pays their commits). The next step's arm is known one step
+look-aheads and top-k ids, read one step before), and scoring across a change of arm would credit
+one arm with the other's work (drafts complete blocks sooner, and the step after pays their
+commits). The next step's arm is known one step
 ahead, so a request reads material exactly when the next step may draft.
 
 The picks are what `choose` returns (one `Pick` per request that verifies, for the engine to pass
@@ -117,8 +118,9 @@ class BudgetChooser:
             self._left -= 1
             if self._left <= 0:  # the run ends: the next one's arm
                 self._next, self._left = self._arm_for(bucket), RUN
-            self._played = (bucket, arm) if prev == arm == self._next and any(p is not None and p.nodes for p in props) \
-                else None  # scored only where no other arm's work spills in
+            drafts = any(p is not None and p.nodes for p in props)
+            # scored only where no other arm's work spills in, and where some request could draft
+            self._played = (bucket, arm) if prev == arm == self._next and drafts else None
             n, drafting = ARMS[arm], ARMS[self._next] > 0
         return [None if p is None else _prefix(p, n, drafting) for p in props]
 
@@ -135,7 +137,7 @@ class BudgetChooser:
         # the neighbours of the best, and 0 (the rates need not fall on both sides of the best)
         near = list(dict.fromkeys(i for i in (best + 1, best - 1, 0) if 0 <= i < len(arms) and i != best))
         for i in near:
-            if played and arms[i].plays < TRIES:
+            if arms[i].plays < TRIES:
                 return i
         low = arms[best].rate - 2 * arms[best].error()
         for i in self.rng.sample(near, len(near)):  # one that may yet be the best is played more
@@ -165,7 +167,7 @@ class BudgetChooser:
     def report(self) -> dict:
         """Engine-wide: the budgets verified, and per bucket each arm's plays and positions per second."""
         return {"draft_budget": self.budget, "budgets": dict(sorted(self.chosen.items())),
-                "arms": {f"batch<{2 ** b}": {ARMS[i]: (a.plays, round(a.rate, 2)) for i, a in enumerate(arms)}
+                "arms": {f"batch<={2 ** b}": {ARMS[i]: (a.plays, round(a.rate, 2)) for i, a in enumerate(arms)}
                          for b, arms in sorted(self.arms.items())}}
 
 
