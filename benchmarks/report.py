@@ -535,10 +535,21 @@ AREAS: list[Area] = [
          ("Code sandbox: cost per program (issue 12)",)),
 ]
 
-NOT_CURRENT = (  # areas with no current result file: their latest figures are only in the log
-    "model core on a random 0.5B-shaped checkpoint, Table 1 at the widened widths, fresh problems (Table 1 and "
-    "the engine table, SpecFold's token match, accuracy), Nemotron-Labs-Diffusion's causal modes, Ray Serve "
-    "replicas, `specfold --help` start-up")
+NOT_CURRENT = [  # (log section, why it has no current result file): its latest figures stay in the log
+    ("Model core: vanilla decoding on a random-weight Qwen2.5-0.5B-shaped checkpoint",
+     "not re-run: 24 layers and a 151,936-word head decode at about 0.5 tokens/s here, most of an hour for the table"),
+    ("Table 1: the new `tiny` at native, 0.5B and 1.5B widths (issues 11 and 14)", "not re-run: hours of CPU"),
+    ("Fresh problems (issue 23): Table 1 and the engine table again, on problems no split has seen",
+     "not re-run: hours of CPU (Table 1 and the engine table, SpecFold's token match, accuracy on 500 problems)"),
+    ("Speculation under the native rule (issue 14): drafts that reach the next sub-block",
+     "not re-run: forwards only, superseded by the forwards of the fresh-problem tables"),
+    ("Nemotron-Labs-Diffusion causal modes (issue 13): random weights, equivalence and cost only",
+     "benchmarks/nld_causal.py no longer runs (it imports specfold.decoding.causal.driver, which is gone)"),
+    ("Ray Serve replicas (issue 21)", "not re-run: two replicas need both cores"),
+    ("`specfold --help` start-up (issue 9)", "no script writes it (a shell loop against a tree of 45c5eb5)"),
+]
+DB_PENDING = ("Draft budgets (issue 23): auto against vanilla and the best fixed budget",
+              f"being re-measured; the section appears when benchmarks/results/{DB_FILE} is committed")
 
 
 # ---------------------------------------------------------------- the page and the README block
@@ -568,7 +579,10 @@ def render_page(results: Path, page: Path) -> str:
            "section says otherwise. Each figure is a ratio of two configurations measured side by side in one run, "
            "or a count (forwards, accuracy) that does not depend on the machine. A proxy (random weights, or a "
            "widened copy of the tiny model that computes its function at a larger width) is named as one.", "",
-           f"Not on this page (no current result file; the latest figures are in the log): {NOT_CURRENT}.", ""]
+           "Not on this page (no current result file; the latest figures are in the log):", ""]
+    missing = NOT_CURRENT + ([] if ctx.has(DB_FILE) else [DB_PENDING])
+    out += [f"- [{t}]({ctx.href(ctx.page.parent / LOG)}#{slug(t)}): {why}." for t, why in missing] + [""]
+    out += ["Current figures:", ""]
     out += [f"- [{a.title}](#{slug(a.title)}): {', '.join(dict.fromkeys(a.files))}" for a in areas] + [""]
     for a in areas:
         out += [f"## {a.title}", "", *a.render(ctx), ""]
