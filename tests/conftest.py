@@ -28,6 +28,31 @@ def tiny_llm64():
 
 
 @pytest.fixture(scope="session")
+def vanilla_refs(tiny_llm, tiny_llm64):
+    """`vanilla_refs(llm, prompts, params) -> tuple[Ref, ...]`: vanilla's decodes of `prompts` (a list)
+    on a session LLM (`tiny_llm` or `tiny_llm64`, the only ones shared for the session), decoded once
+    per (model, prompts, params) and frozen (tests/vanilla_refs.py): the reference that tests which
+    compare a lossless method or the server with the library share instead of decoding it again."""
+    from specfold import DecodeParams
+    from tests.vanilla_refs import freeze
+
+    made: dict = {}
+
+    def get(llm, prompts, params):
+        if llm is not tiny_llm and llm is not tiny_llm64:
+            raise ValueError("vanilla_refs decodes on the session LLMs only (tiny_llm, tiny_llm64)")
+        method = params.method if isinstance(params, DecodeParams) else llm.engine_config.method
+        if method != "vanilla":
+            raise ValueError(f"vanilla_refs decodes with vanilla only, not {method!r}")
+        key = (llm is tiny_llm64, tuple(p if isinstance(p, str) else tuple(p) for p in prompts), repr(params))
+        if key not in made:
+            made[key] = freeze(llm.generate(list(prompts), params))
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """`checkpoint(kind="qwen2", peaked=0.0, **diffusion_config) -> folder`; cached per argument set.
 

@@ -49,10 +49,14 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
-def chat_reference(llm, q, **kw):
-    """What the library returns for one chat turn (independent of the server)."""
-    ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]))
-    return llm.generate([ids], SamplingParams(**kw))[0]
+@pytest.fixture
+def chat_reference(llm, vanilla_refs):
+    """`chat_reference(q, max_new_tokens) -> Ref`: what the library returns for one chat turn
+    (independent of the server), decoded once for the session (conftest.vanilla_refs)."""
+    def ref(q, max_new_tokens):
+        ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": q}]))
+        return vanilla_refs(llm, [ids], SamplingParams(max_new_tokens=max_new_tokens))[0]
+    return ref
 
 
 def health(server) -> dict:
@@ -67,8 +71,8 @@ def test_models_and_health(server, client):
     assert h.status_code == 200 and h.json()["status"] == "ok"
 
 
-def test_chat_equals_library_and_counts_usage(llm, client):
-    want = chat_reference(llm, Q1, max_new_tokens=64)
+def test_chat_equals_library_and_counts_usage(llm, client, chat_reference):
+    want = chat_reference(Q1, max_new_tokens=64)
     r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": Q1}], max_tokens=64,
                                        temperature=0)
     assert r.choices[0].message.content == want.text and r.choices[0].message.role == "assistant"
@@ -91,8 +95,8 @@ def test_completions_prompts_and_n_index_choices(llm, client):
     assert r.usage.completion_tokens == 2 * sum(len(w.token_ids) for w in want)
 
 
-def test_stream_arrives_block_by_block(llm, client):
-    want = chat_reference(llm, Q1, max_new_tokens=64)
+def test_stream_arrives_block_by_block(llm, client, chat_reference):
+    want = chat_reference(Q1, max_new_tokens=64)
     assert len(want.token_ids) > llm.spec.block_size  # the answer spans several blocks
     chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": Q1}],
                                                  max_tokens=64, temperature=0, stream=True,
@@ -105,8 +109,8 @@ def test_stream_arrives_block_by_block(llm, client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(want.token_ids)
 
 
-def test_stream_n_choices(llm, client):
-    want = chat_reference(llm, Q2, max_new_tokens=40).text
+def test_stream_n_choices(client, chat_reference):
+    want = chat_reference(Q2, max_new_tokens=40).text
     texts = {0: "", 1: ""}
     finish = {}
     for c in client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": Q2}],
@@ -134,8 +138,8 @@ def test_stream_raw_sse_completions(llm, server):
     assert sum(1 for e in events if e["choices"][0]["text"]) >= 2
 
 
-def test_stop_strings_cut_the_output(llm, client):
-    full = chat_reference(llm, Q1, max_new_tokens=64).text
+def test_stop_strings_cut_the_output(client, chat_reference):
+    full = chat_reference(Q1, max_new_tokens=64).text
     stop = "more"
     assert stop in full
     msgs = [{"role": "user", "content": Q1}]
@@ -215,9 +219,9 @@ def test_wrong_method_and_client_errors(server, client):
 
 # ---------------------------------------------------------------------------------- load
 @pytest.mark.slow
-def test_sixteen_concurrent_clients(llm, server, client):
+def test_sixteen_concurrent_clients(server, client, chat_reference):
     before = health(server)
-    want = {q: chat_reference(llm, q, max_new_tokens=32).text for q in (Q1, Q2)}
+    want = {q: chat_reference(q, max_new_tokens=32).text for q in (Q1, Q2)}
     errors, texts = [], []
 
     def worker(i):
