@@ -287,25 +287,32 @@ def tiny_quality_headline(ctx: Ctx) -> str:
 
 def engine_load(ctx: Ctx) -> list[str]:
     d = ctx.load("engine_load.json")
-    rows_in = d["rows"]
-    c1 = {(r["method"], r["mode"]): r["tokens_per_s"] for r in rows_in if r["concurrency"] == 1}
-    van = {r["concurrency"]: r["tokens_per_s"] for r in rows_in if r["method"] == "vanilla" and r["mode"] == "batched"}
+    by = {(r["method"], r["mode"], r["concurrency"]): r for r in d["rows"]}
+    rate = {k: r["tokens_per_s"] for k, r in by.items()}
+
+    def vs1(m: str, mode: str, c: int) -> str:  # against the same method and mode with one client
+        return x(rate[(m, mode, c)] / rate[(m, mode, 1)]) if (m, mode, c) in rate and (m, mode, 1) in rate else "—"
+
+    def vsv(m: str, mode: str, c: int) -> str:  # against vanilla batched at the same concurrency
+        return x(rate[(m, mode, c)] / rate[("vanilla", "batched", c)]) \
+            if (m, mode, c) in rate and ("vanilla", "batched", c) in rate else "—"
+
     rows = []
-    for r in rows_in:
-        base = c1.get((r["method"], r["mode"]))
-        rows.append([r["method"], str(r["concurrency"]), r["mode"], x(r["tokens_per_s"] / base if base else None),
-                     x(r["tokens_per_s"] / van[r["concurrency"]] if r["concurrency"] in van else None),
-                     f2(r["tokens_per_forward"]), f2(r["token_match"]), ctx.link("engine_load.json")])
-    m = d["meta"]
-    return [f"The engine in process, closed loop: c clients each keep one request in it until {m['requests']} (or c) "
-            f"requests of {m['max_new_tokens']} new tokens are done (`{m['model']}`, {m['dtype']}, the model's rule"
-            f"{'' if m.get('rule') is None else ', rule ' + str(m['rule'])}). sequential = one request at a time; "
-            "batched = `max_num_seqs=c`, every draft verified (budget 64); auto = batched with "
-            "`draft_budget=\"auto\"`. Tokens per process-CPU-second against the same method and mode with one client, "
-            "and against vanilla batched at the same concurrency; match = requests with the one-at-a-time tokens.",
-            "", *provenance(ctx, "engine_load.json"), "",
-            *table(["method", "clients", "mode", "tok/s vs 1 client", "tok/s vs vanilla", "tok/fwd", "match",
-                    "result"], rows)]
+    for m, c in dict.fromkeys((m, c) for m, _, c in by):
+        fwd = " / ".join(f2(by[(m, mode, c)]["tokens_per_forward"]) for mode in ("batched", "auto") if (m, mode, c) in by)
+        match = min(r["token_match"] for (mm, _, cc), r in by.items() if (mm, cc) == (m, c))
+        rows.append([m, str(c), vs1(m, "sequential", c), vs1(m, "batched", c), vs1(m, "auto", c), vsv(m, "batched", c),
+                     vsv(m, "auto", c), fwd, f2(match), ctx.link("engine_load.json")])
+    meta_ = d["meta"]
+    return [f"The engine in process, closed loop: c clients each keep one request in it until {meta_['requests']} (or c) "
+            f"requests of {meta_['max_new_tokens']} new tokens are done (`{meta_['model']}`, {meta_['dtype']}, the "
+            f"model's rule{'' if meta_.get('rule') is None else ', rule ' + str(meta_['rule'])}). Modes: sequential = "
+            "one request at a time (the others queue); batched = `max_num_seqs=c`, every draft verified (budget 64); "
+            "auto = batched with `draft_budget=\"auto\"`. Tokens per process-CPU-second against the same method and "
+            "mode with one client, and against vanilla batched at the same concurrency; match = the lowest share of "
+            "requests with the one-at-a-time tokens.", "", *provenance(ctx, "engine_load.json"), "",
+            *table(["method", "clients", "sequential vs 1 client", "batched vs 1 client", "auto vs 1 client",
+                    "batched ×vanilla", "auto ×vanilla", "tok/fwd (batched / auto)", "match", "result"], rows)]
 
 
 def engine_load_headline(ctx: Ctx) -> str:
