@@ -10,10 +10,19 @@ the rest of the suite), and when the process exits; a later use starts it again.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import socket
 
+import pytest
+
 _state: dict = {}
+
+# the Ray modules' skip without the ray extra: ray is looked up at collection, not imported (the import
+# costs most of a second of CPU to every run that collects these modules and leaves them out by their
+# mark, `make test-fast`); it is imported when a test first starts the cluster
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="ray is not installed (pip install 'specfold[ray]')")
 
 
 def free_port() -> int:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
 pytest.importorskip("sympy")  # the eval extra
 
-from tests.ray_helpers import ray_cluster  # noqa: E402
+from tests.ray_helpers import needs_ray, ray_cluster  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, needs_ray]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [json.loads(line)["question"]

@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("ray")
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
 
-from tests.ray_helpers import ray_cluster, serve_url  # noqa: E402
+from tests.ray_helpers import needs_ray, ray_cluster, serve_url  # noqa: E402
 from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, needs_ray]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [json.loads(line)["question"]

@@ -17,13 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("ray")
+from specfold import LLM, DecodeParams
+from specfold.errors import DistributedError
+from tests.ray_helpers import needs_ray, ray_cluster
 
-from specfold import LLM, DecodeParams  # noqa: E402
-from specfold.errors import DistributedError  # noqa: E402
-from tests.ray_helpers import ray_cluster  # noqa: E402
-
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, needs_ray]
 
 QUESTIONS = ["What is 3 + 4?", "Count from 5 to 9.", "Name a colour."]
 METHODS = {
