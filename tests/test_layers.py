@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from types import MappingProxyType
+
+import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "specfold"
 # lowest first; a room may import only rooms before it (and itself)
@@ -59,18 +62,24 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_import_cycle_between_rooms():
+@pytest.fixture(scope="module")
+def import_edges():
+    """`edges()` read once for the module's checks (every source file parsed once), read-only."""
+    return MappingProxyType({k: tuple(v) for k, v in edges().items()})
+
+
+def test_no_import_cycle_between_rooms(import_edges):
     graph: dict[str, set[str]] = {}
-    for a, b in edges():
+    for a, b in import_edges:
         graph.setdefault(a, set()).add(b)
     assert cycles(graph) == []
 
 
-def test_every_import_points_down():
+def test_every_import_points_down(import_edges):
     rooms = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
              if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").is_file()))}
     assert rooms <= set(ORDER), f"rooms missing from the layer order: {sorted(rooms - set(ORDER))}"
-    up = {k: v for k, v in edges().items() if ORDER.index(k[1]) > ORDER.index(k[0])}
+    up = {k: v for k, v in import_edges.items() if ORDER.index(k[1]) > ORDER.index(k[0])}
     assert up == {}
 
 
