@@ -30,6 +30,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[1]
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 LOG = "docs/bench-log/2026-11-30-to-12-07.md"  # the chronological notes up to this page (one file)
+LIMIT = 300  # lines of BENCHMARKS.md: one page
 
 
 # ---------------------------------------------------------------- reading result files
@@ -430,7 +431,8 @@ def serve_load(ctx: Ctx) -> list[str]:
             f"questions, greedy, max_tokens {s['max_tokens']}), {s['requests']} per level, the clients on the same core "
             "as the server; beside it the same requests through an in-process engine (no HTTP, all queued at once: "
             "only its throughput compares). Requests per second against one client, and against the in-process engine "
-            "at the same concurrency; p95 latency against one client.", "", *provenance(ctx, "serve_load.json"), "",
+            "at the same concurrency; p95 latency against one client. Wall-clock rates: on a shared core they move with the "
+            "other jobs' load (the machine note says what ran beside).", "", *provenance(ctx, "serve_load.json"), "",
             *table(["server", "clients", "errors", "req/s vs 1 client", "req/s vs in-process engine", "p95 vs 1 client",
                     "result"], rows)]
 
@@ -592,11 +594,12 @@ def render_page(results: Path, page: Path) -> str:
     out += ["Current figures:", ""]
     out += [f"- [{a.title}](#{slug(a.title)}): {', '.join(dict.fromkeys(a.files))}" for a in areas] + [""]
     for a in areas:
-        out += [f"## {a.title}", "", *a.render(ctx), ""]
-        h = history(ctx, a)
-        if h:
-            out += [h, ""]
-    return "\n".join(out).rstrip("\n") + "\n"
+        body, h = a.render(ctx), history(ctx, a)
+        out += [f"## {a.title}", "", body[0], *([h] if h else []), *body[1:], ""]  # the history ends the intro
+    text = "\n".join(out).rstrip("\n") + "\n"
+    if text.count("\n") > LIMIT:
+        raise SystemExit(f"report.py: the page would be {text.count(chr(10))} lines, over {LIMIT}: shorten an area's table")
+    return text
 
 
 def render_block(results: Path, page: Path, readme: Path) -> str:
