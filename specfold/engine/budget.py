@@ -47,6 +47,8 @@ RUN = 6  # an arm is played for RUN steps in a row
 EXPLORE = 0.01  # share of runs that play a neighbour of the best arm
 EXPLORE_UNSURE = 0.05  # ... one whose rate is within two standard errors of the best's
 DECAY = 0.995  # weight of an arm's past, per play: about its last 200 plays count
+WARMUP = 32  # an engine's first steps are not scored: they pay one-time costs (allocations, first
+# touches of the weights), and the arm they played (0) would keep that price while the others climb
 
 
 def clock_for(device):
@@ -100,6 +102,7 @@ class BudgetChooser:
         self._bucket = -1  # the batch size of the current run
         self._played: tuple[int, int] | None = None  # this step's (bucket, arm index), observed at its end
         self._t0 = 0.0
+        self._steps = 0
 
     def start_step(self) -> None:
         self._t0 = self.clock()
@@ -120,15 +123,17 @@ class BudgetChooser:
                 self._next, self._left = self._arm_for(bucket), RUN
             drafts = any(p is not None and p.nodes for p in props)
             # scored only where no other arm's work spills in, and where some request could draft
-            self._played = (bucket, arm) if prev == arm == self._next and drafts else None
+            self._steps += 1
+            self._played = (bucket, arm) if prev == arm == self._next and drafts and self._steps > WARMUP else None
             n, drafting = ARMS[arm], ARMS[self._next] > 0
         return [None if p is None else _prefix(p, n, drafting) for p in props]
 
     def _arm_for(self, bucket: int) -> int:
         """The best arm played so far, unless a neighbour of it has fewer than TRIES plays (then the
         neighbour: arms are climbed, never tried far from the best), or the run
-        explores (a neighbour, at random: 1 % of runs each, 5 % for one the standard errors do not
-        tell from the best, so that a close call is settled by more plays, at little cost)."""
+        explores (a neighbour, at random: 1 % of runs each, 5 % for one with few plays or that the
+        standard errors do not tell from the best, so that a close call is settled by more plays, at
+        little cost)."""
         arms = self._arms(bucket)
         played = [i for i, a in enumerate(arms) if a.plays]
         if not played:  # a batch size not seen before starts at 0
@@ -141,7 +146,7 @@ class BudgetChooser:
                 return i
         low = arms[best].rate - 2 * arms[best].error()
         for i in self.rng.sample(near, len(near)):  # one that may yet be the best is played more
-            unsure = arms[i].rate + 2 * arms[i].error() >= low
+            unsure = arms[i].plays < 4 * TRIES or arms[i].rate + 2 * arms[i].error() >= low
             if self.rng.random() < (EXPLORE_UNSURE if unsure else EXPLORE):
                 return i
         return best
