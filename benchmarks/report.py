@@ -258,8 +258,7 @@ def draft_budgets(ctx: Ctx) -> list[str]:
     met = sum(c["bars"] for c in cells)
     runs_, met_ = sum(c["model"] is not None for c in cells), sum(bool(c["model_bars"]) for c in cells)
     earlier = (f" The earlier chooser (a cost model with acceptance estimates, {EARLIER_LINES}), measured beside it "
-               f"in the same units: **{met_} of {runs_}**. Lines of the budget "
-               f"component now: {_budget_lines()}. The side-by-side runs on branch `issue42-matrix` (the engine of "
+               f"in the same units: **{met_} of {runs_}**.{_budget_lines(ctx)} The side-by-side runs on branch `issue42-matrix` (the engine of "
                f"02c9e57 with main's bandit beside the earlier chooser; budget `model` is the earlier one).") \
         if model else ""
     return ["`draft_budget=\"auto\"` against vanilla and every fixed budget, per cell (width × rule × batch) and "
@@ -279,14 +278,14 @@ def _earlier(c: dict) -> list[str]:
 
 EARLIER_LINES = ("1,539 lines at a81735d: engine/budget.py 702, engine/cost.py 524, decoding/drafts/acceptance.py "
                  "198, decoding/proposal.py 115")
-BUDGET_FILES = ("specfold/engine/budget.py", "specfold/decoding/proposal.py")
 
 
-def _budget_lines() -> str:
-    root = Path(__file__).resolve().parents[1]
-    n = {f: len((root / f).read_text().splitlines()) for f in BUDGET_FILES}
-    parts = ", ".join(f"{f.removeprefix('specfold/')} {k}" for f, k in n.items())
-    return f"{sum(n.values())} ({parts})"
+def _budget_lines(ctx: Ctx) -> str:
+    """The bandit's lines, as the matrix file records them (`lines`: file -> lines at the measured code)."""
+    n = ctx.load(DB_FILE).get("lines") if isinstance(ctx.load(DB_FILE), dict) else None
+    if not n:
+        return ""
+    return f" The bandit's budget component: {sum(n.values())} lines ({', '.join(f'{f} {k}' for f, k in n.items())})."
 
 
 def draft_budgets_headline(ctx: Ctx) -> str:
