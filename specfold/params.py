@@ -69,6 +69,27 @@ def _check_choices(obj) -> None:
             raise ParamsError(f"unknown {f.name} {v!r}; accepted: {list(choices)}")
 
 
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(name: str, v) -> int:
+    """A byte count: an int, or a string such as "2GiB", "512MB", "1.5 GiB" or "1000000"."""
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    if isinstance(v, str):
+        s = v.strip().lower().replace(" ", "")
+        num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = s[len(num):]
+        try:
+            n = int(float(num) * _UNITS[unit])
+        except (ValueError, KeyError):
+            n = 0
+        if n > 0:
+            return n
+    raise ParamsError(f"{name} must be a positive number of bytes such as 2GiB, 512MB or 1000000, got {v!r}")
+
+
 def _int(name: str, v, lo: int | None = None) -> None:
     if not isinstance(v, int) or isinstance(v, bool):
         raise ParamsError(f"{name} must be an integer, got {v!r}")
@@ -138,10 +159,16 @@ class EngineConfig:
     bandit over the budgets 0, 1, 2 and 4 that measures positions filled per second of the steps,
     per batch size: engine/budget.py) or an integer N >= 0 (the first N of the policy's list; 0 = no
     drafts). Budgets change speed, never tokens.
-    `static_shapes`: every request's K/V live in one preallocated pool (`max_num_seqs` slots of
-    `max_seq_len` + 2 blocks positions; unset: min(the model's context, 2048)) and the runner pads the
-    step's dense forwards to bucket sizes (engine/graphs.py); the tokens are the same. `cuda_graphs`
-    (CUDA only; implies static_shapes) also captures one CUDA graph per bucket and replays it."""
+    KV memory: every request's K/V live in blocks of `kv_block_size` positions of one preallocated
+    pool of `kv_cache_memory` bytes (an int or a string such as "2GiB"; unset: `gpu_memory_utilization`
+    of the GPU's memory less what is in use once the weights are loaded, on CUDA, or an eighth of the
+    RAM on the CPU, logged). A request is admitted when its prompt's blocks and one more are free; when
+    a running request needs a block and none is free, the most recently admitted one is preempted (it
+    resumes later with the same tokens). `enable_prefix_caching` (None: on where exact, engine/kv.py)
+    shares the blocks of equal prompt prefixes between requests. `static_shapes`: the runner pads the
+    step's dense forwards to bucket sizes (engine/graphs.py), reading K/V through block tables; the
+    tokens are the same. `cuda_graphs` (CUDA only; implies static_shapes) also captures one CUDA graph
+    per bucket and replays it."""
     method: str = setting("vanilla", "decode method: vanilla or a speculative one")
     rule: str | None = setting(None, "unmask rule (unset: the model family's)", choices=RULES)
     block_size: int | None = setting(None, "positions decoded as one block (unset: the family's)")
@@ -176,11 +203,17 @@ class EngineConfig:
     draft_budget: int | str = setting("auto", "drafts a verification verifies: 'auto' (a bandit over 0, 1, 2 and 4 "
                                               "that measures the steps on this machine) or N >= 0 (the first N; "
                                               "0 = none); tokens never change", draft=True, metavar="auto|N")
-    static_shapes: bool = setting(False, "a pooled KV cache; each step's packed rows and KV lengths padded to "
+    static_shapes: bool = setting(False, "each step's packed rows and KV lengths padded to "
                                          "buckets (the same tokens)")
     cuda_graphs: bool = setting(False, "CUDA only: one captured CUDA graph per bucket (implies static_shapes)")
-    max_seq_len: int | None = setting(None, "static shapes: prompt + max_new_tokens one pool slot holds (unset: "
-                                            "min(the model's context, 2048))")
+    kv_cache_memory: int | str | None = setting(None, "bytes of the paged KV pool, e.g. 2GiB or 1000000 (unset: "
+                                                      "gpu_memory_utilization of the GPU after the weights on CUDA, "
+                                                      "an eighth of the RAM on the CPU)", metavar="BYTES")
+    gpu_memory_utilization: float = setting(0.9, "CUDA, kv_cache_memory unset: the share of the GPU's memory the "
+                                                 "process may fill")
+    kv_block_size: int = setting(16, "positions per KV block")
+    enable_prefix_caching: bool | None = setting(None, "share the KV blocks of equal prompt prefixes (unset: on "
+                                                       "where exact)")
 
     def __post_init__(self) -> None:
         _check_choices(self)
@@ -210,8 +243,14 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ParamsError(f"{name} must be true or false, got {getattr(self, name)!r}")
         self.static_shapes = self.static_shapes or self.cuda_graphs
-        if self.max_seq_len is not None:
-            _int("max_seq_len", self.max_seq_len, 1)
+        if self.kv_cache_memory is not None:
+            self.kv_cache_memory = parse_bytes("kv_cache_memory", self.kv_cache_memory)
+        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
+                or not 0 < self.gpu_memory_utilization <= 1:
+            raise ParamsError(f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
+        _int("kv_block_size", self.kv_block_size, 1)
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            raise ParamsError(f"enable_prefix_caching must be true, false or unset, got {self.enable_prefix_caching!r}")
         if self.draft_budget != "auto":
             if isinstance(self.draft_budget, str) and self.draft_budget.strip().isdigit():
                 self.draft_budget = int(self.draft_budget)

@@ -17,7 +17,6 @@ from specfold.decoding.causal.linear_spec import LinearSpec
 from specfold.decoding.causal.program import CausalProgram
 from specfold.decoding.rules import make_rule
 from specfold.engine.engine import Engine
-from specfold.models.cache import PrefixCache
 from specfold.models.forward import ForwardResult
 from specfold.models.spec import ModelSpec
 from specfold.params import DecodeParams, EngineConfig, SamplingParams
@@ -44,13 +43,11 @@ class Scripted:
         self.bad, self.conf = set(bad), conf
 
     device = torch.device("cpu")
+    dtype = torch.float64
 
     def forward_many(self, forwards):
         return [ForwardResult(self(f.tokens, f.positions, f.cache, f.mask, f.write_cache, f.logits_at, f.head))
                 for f in forwards]
-
-    def new_cache(self, capacity: int) -> PrefixCache:
-        return PrefixCache(1, 1, 1, torch.float64, "cpu", capacity)
 
     def __call__(self, tokens, positions, cache=None, mask=None, write_cache=False, logits_at=None, head="lm"):
         B, T = tokens.shape
@@ -80,7 +77,8 @@ SPEC = ModelSpec(family="nemotron_labs_diffusion", model_type="nemotron_labs_dif
 def run(program, model, max_new=10, stop=()):
     """One request through the engine (the only way to run one), with the scripted model."""
     host = SimpleNamespace(model=model, spec=SPEC, tokenizer=None)
-    eng = Engine(host, EngineConfig(method="ar"), program=CausalProgram(program))
+    model.spec = SPEC
+    eng = Engine(host, EngineConfig(method="ar", kv_cache_memory="64KiB"), program=CausalProgram(program))
     out = eng.run_one(PROMPT, SamplingParams(max_new_tokens=max_new, stop_token_ids=list(stop), seed=0))
     return out.token_ids, out.stats
 

@@ -244,9 +244,7 @@ def test_attention_core_equals_the_definition():
 
 def _copy(c):
     import copy
-    d = copy.copy(c)
-    d.k, d.v = c.k.clone(), c.v.clone()
-    return d
+    return copy.deepcopy(c)  # the cache and its private pool
 
 
 def test_write_kv_equals_commit_forward(checkpoint):

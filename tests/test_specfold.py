@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.cache_helpers import released_caches
+
 from specfold import LLM, DecodeParams
 from specfold.decoding.verify.dense import DenseVerifier
 from specfold.decoding.verify.fold import FoldVerifier
@@ -69,10 +71,8 @@ def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(check
     llm = LLM(checkpoint("qwen2", peaked=30.0, logits_shift=shift, seed_token=shift, block_size=8,
                          sub_block_size=4), dtype="float64")
     base = DecodeParams(rule=rule, threshold=0.6, max_new_tokens=32, early_stop=False, draft_budget=64)
-    caches, new_cache = [], llm.model.new_cache
-    llm.model.new_cache = lambda *a, **kw: caches.append(new_cache(*a, **kw)) or caches[-1]
     reused = 0
-    try:
+    with released_caches() as caches:
         for prompt in ([5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16]):
             caches.clear()
             van = llm.generate([prompt], base)[0]
@@ -80,13 +80,9 @@ def test_specfold_eager_delta_zero_is_lossless_and_commits_from_the_window(check
                                                      delta=0.0, eager=True))[0]
             assert sf.token_ids == van.token_ids and sf.stats.nfe <= van.stats.nfe
             reused += sf.stats.extra.get("commits_reused", 0)
-            a, b = caches
-            n = a.length
-            assert b.length == n
-            assert torch.allclose(a.k[:, :, :n], b.k[:, :, :n], atol=1e-10, rtol=0)
-            assert torch.allclose(a.v[:, :, :n], b.v[:, :, :n], atol=1e-10, rtol=0)
-    finally:
-        llm.model.new_cache = new_cache
+            (n, ak, av), (m, bk, bv) = caches
+            assert m == n > 0
+            assert torch.allclose(ak, bk, atol=1e-10, rtol=0) and torch.allclose(av, bv, atol=1e-10, rtol=0)
     assert reused > 0
 
 

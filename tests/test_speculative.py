@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.cache_helpers import released_caches
+
 from specfold import LLM, DecodeParams
 from specfold.decoding.drafts.calibrate import _Recorder as _CalRecorder
 from specfold.decoding.drafts.calibrate import calibrate, count_patterns
@@ -319,28 +321,16 @@ def test_eager_commit_reuses_exact_kv(checkpoint, name):
     """Eager commits from the window's K/V: the prefix cache ends up equal to vanilla's (commit
     forwards), forwards are saved, tokens are identical."""
     llm = _llm(checkpoint, name, peaked=30.0)
-    caches = []
-    new_cache = llm.model.new_cache
-
-    def spy(*a, **kw):
-        caches.append(new_cache(*a, **kw))
-        return caches[-1]
-
-    llm.model.new_cache = spy
     base = DecodeParams(draft_budget=64, rule="static", max_new_tokens=40, early_stop=False)
     reused = 0
-    try:
+    with released_caches() as caches:
         for prompt in PROMPTS:
             caches.clear()
             van = llm.generate([prompt], base)[0]
             eag = llm.generate([prompt], base.replace(method="freedave", draft_depth=8, eager=True))[0]
             assert eag.token_ids == van.token_ids and eag.stats.nfe <= van.stats.nfe
             reused += eag.stats.extra.get("commits_reused", 0)
-            a, b = caches
-            n = a.length
-            assert b.length == n and n >= 32
-            assert torch.allclose(a.k[:, :, :n], b.k[:, :, :n], atol=1e-12, rtol=0)
-            assert torch.allclose(a.v[:, :, :n], b.v[:, :, :n], atol=1e-12, rtol=0)
-    finally:
-        llm.model.new_cache = new_cache
+            (n, ak, av), (m, bk, bv) = caches
+            assert m == n and n >= 32
+            assert torch.allclose(ak, bk, atol=1e-12, rtol=0) and torch.allclose(av, bv, atol=1e-12, rtol=0)
     assert reused > 0

@@ -7,7 +7,7 @@ forward. Everything in float64 on the CPU, where the same padded function runs w
 - the engine with static shapes gives the same tokens and the same forward counts as without, for
   every method (SpecFold's folded verifications stay eager, its other forwards are static), under
   the native and the static rule, alone and 8 at once, and for the causal programs;
-- pool slots come back on finish and abort; bad settings are one clear error.
+- the paged pool's blocks come back on finish and abort; bad settings are one clear error.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from specfold.engine.buckets import bucket, mask_code
 from specfold.engine.graphs import StaticRunner
 from specfold.errors import ConfigError, ParamsError
 from specfold.models.forward import Forward
-from specfold.models.pool import KVPool, SlotCache
+from specfold.models.pool import BlockPool
 from specfold.models.static import META, window_masks
 
 MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
@@ -44,7 +44,7 @@ METHODS = {
 @pytest.mark.parametrize("desc", [None, ("block", 4, 0), ("block", 8, 3), ("causal",), ("pending", 3), ("pending", 0)])
 def test_window_masks_equal_layout(desc):
     for start, t, T in ((0, 5, 5), (6, 7, 12), (13, 3, 4)):
-        meta = torch.tensor([[start, 0, 0, t, *mask_code(desc)]])
+        meta = torch.tensor([[start, 0, t, *mask_code(desc)]])
         got = window_masks(meta, T)[0]
         pos = torch.arange(start, start + t)
         want = build_mask(desc, pos)
@@ -61,16 +61,17 @@ def test_bucket_ladder():
 
 # ---------------------------------------------------------------------------- the padded forward
 def _forward_cases(llm, g):
-    """Jobs over pooled caches (prefix lengths 0..13) and the same forwards over plain caches."""
+    """Jobs over caches of one paged pool with blocks of 3 (prefix lengths 0..13) and the same
+    forwards over private caches with blocks of 16."""
     m, N = llm.model, 4
-    pool = KVPool.for_model(m, slots=8, capacity=64)
+    pool = BlockPool.for_model(m, 64, 3)
     cases = ((8, 3, 8, "verify", ("block", N, 0), "rows"), (0, 1, 5, "prefill", ("causal",), "at"),
              (13, 1, 8, "commit", ("block", N, 0), "at"), (4, 5, 8, "verify", None, "all"),
              (2, 3, 8, "verify", ("pending", 3), "rows"), (6, 1, 8, "commit", None, None),
              (9, 4, 5, "verify", ("block", N, 1), "at"))
     jobs, refs = [], []
     for P, B, T, kind, desc, head in cases:
-        slot, plain = pool.new_cache(64), m.new_cache(64)
+        slot, plain = pool.new_cache(), m.new_cache(64)
         if P:
             pre = torch.randint(0, 90, (1, P), generator=g)
             for c in (slot, plain):
@@ -82,6 +83,8 @@ def _forward_cases(llm, g):
         elif head == "rows":
             rows = sorted({b * T + t for b in range(B) for t in (0, b % T, T - 1)})
         write = kind != "verify"
+        if write:
+            assert slot.reserve(T)  # the engine takes a write's blocks before the step
         read = None if head is None else Read()
         jobs.append(Job(toks, P, slot, desc, write, at, rows, kind=kind, read=read))
         pos = torch.arange(P, P + T)
@@ -122,7 +125,7 @@ def test_padded_forward_equals_forward_many(checkpoint):
         n = f.cache.length
         torch.testing.assert_close(j.cache.k[:, :, :n], f.cache.k[:, :, :n], rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(j.cache.v[:, :, :n], f.cache.v[:, :, :n], rtol=1e-12, atol=1e-12)
-    assert pool.k[:, pool.free_slots:pool.scratch].abs().sum() > 0  # the writes went into the pool
+    assert pool.used_blocks == sum(len(j.cache.blocks) for j in jobs) > 0
 
 
 # ---------------------------------------------------------------------------- the engine
@@ -150,11 +153,11 @@ def test_engine_same_tokens_and_forwards(bc, method, rule):
     base = EngineConfig(rule=rule, draft_budget=64, max_num_seqs=8, **METHODS[method])
     for prompts, max_new in ((PROMPTS[:1], MAX_NEW[:1]), (PROMPTS, MAX_NEW)):
         want, _ = _run(bc, base, prompts, max_new)
-        got, eng = _run(bc, base.replace(static_shapes=True, max_seq_len=64), prompts, max_new)
+        got, eng = _run(bc, base.replace(static_shapes=True, kv_block_size=3), prompts, max_new)
         assert [g.token_ids for g in got] == [w.token_ids for w in want], (method, rule, len(prompts))
         assert [g.stats.nfe for g in got] == [w.stats.nfe for w in want]
         assert [g.finish_reason for g in got] == [w.finish_reason for w in want]
-        assert eng.pool.free_slots == 8
+        assert eng.pool.used_blocks == 0
     assert eng.runner.static.forwards > 0  # (eager windows: prefills only; their verifications return hidden states)
 
 
@@ -164,7 +167,7 @@ def test_engine_same_samples(bc, method):
     base = EngineConfig(rule="static", draft_budget=64, max_num_seqs=8, **METHODS[method])
     temps = [0.8, 1.0, 0.0, 0.5, 1.2, 0.7, 0.9, 0.3]
     want, _ = _run(bc, base, PROMPTS, MAX_NEW, temps)
-    got, _ = _run(bc, base.replace(static_shapes=True, max_seq_len=64), PROMPTS, MAX_NEW, temps)
+    got, _ = _run(bc, base.replace(static_shapes=True, kv_block_size=5), PROMPTS, MAX_NEW, temps)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
 
 
@@ -180,17 +183,17 @@ def test_causal_programs_same_tokens(nld, method):
     base = EngineConfig(method=method, threshold=0.5, branches=4, delta=0.0, draft_budget=64)
     prompts, max_new = PROMPTS[:5], [19, 7, 19, 12, 19]
     want, _ = _run(nld, base, prompts, max_new)
-    got, eng = _run(nld, base.replace(static_shapes=True, max_seq_len=64), prompts, max_new)
+    got, eng = _run(nld, base.replace(static_shapes=True, kv_block_size=3), prompts, max_new)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert [g.stats.nfe for g in got] == [w.stats.nfe for w in want]
     assert eng.runner.static.forwards > 0
 
 
-def test_slots_freed_on_finish_and_abort(bc):
-    """30 requests through 3 slots, some aborted while running or waiting: no slot leaks, and reused
-    slots (stale K/V past each new length) give the same tokens as plain caches."""
+def test_blocks_freed_on_finish_and_abort(bc):
+    """30 requests, 3 at once, some aborted while running or waiting: no block leaks, and reused
+    blocks (stale K/V past each new length) give the same tokens as private caches."""
     cfg = EngineConfig(method="spiffy", graph=MIXED, max_num_seqs=3, draft_budget=64)
-    eng = bc.engine(cfg.replace(static_shapes=True, max_seq_len=48))
+    eng = bc.engine(cfg.replace(static_shapes=True, kv_block_size=4, kv_cache_memory=_bytes(bc, 4, 40)))
     plain = bc.engine(cfg)
     prompts = [PROMPTS[i % 8] for i in range(30)]
     ids = [eng.add_request(p, SamplingParams(max_new_tokens=8 + i % 9)) for i, p in enumerate(prompts)]
@@ -200,13 +203,13 @@ def test_slots_freed_on_finish_and_abort(bc):
         if step in (2, 5, 9):
             running = [r.id for r in eng.running]
             eng.abort(running[0])  # a running request
-            eng.abort(eng.waiting[-1].id)  # a waiting one (it has no slot yet)
+            eng.abort(eng.waiting[-1].id)  # a waiting one (it has no blocks)
         for d in eng.step():
             if d.finished and d.finish_reason != "abort":
                 done[d.request_id] = d.output.token_ids
-        assert eng.pool.free_slots + len(eng.running) == 3
+        assert sum(eng.pool.refs) == sum(len(r.cache.blocks) for r in eng.running)
         step += 1
-    assert eng.pool.free_slots == 3 and len(done) == 24
+    assert eng.pool.used_blocks == 0 and len(done) == 24
     for rid, p, i in zip(ids, prompts, range(30)):
         if rid in done:
             assert done[rid] == plain.run_one(p, SamplingParams(max_new_tokens=8 + i % 9)).token_ids
@@ -218,31 +221,41 @@ def test_settings_errors(bc, checkpoint):
         bc.engine(EngineConfig(cuda_graphs=True))
     with pytest.raises(ParamsError, match="static_shapes must be true or false"):
         EngineConfig(static_shapes="yes")
-    with pytest.raises(ParamsError, match="max_seq_len must be >= 1"):
-        EngineConfig(static_shapes=True, max_seq_len=0)
-    eng = bc.engine(EngineConfig(static_shapes=True, max_seq_len=16))
-    assert eng.pool.capacity == 16 + 2 * 8
-    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=8))  # 4 + 8 + 16 = 28 <= 32
-    with pytest.raises(ParamsError, match="exceed the static KV pool's 32 per request; lower max_new_tokens"):
-        eng.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=16))
+    eng = bc.engine(EngineConfig(static_shapes=True, kv_block_size=4, kv_cache_memory=_bytes(bc, 4, 8)))
+    assert eng.pool.usable == 7  # one block is scratch
+    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=8))  # 4 + 8 + 16 = 28 = 7 blocks
+    with pytest.raises(ParamsError, match=r"needs .* \(8 blocks: prompt 5 \+ max_new_tokens 8 \+ 2 blocks of 8\) "
+                                          r"and the KV pool has .* \(7 blocks\); lower max_new_tokens"):
+        eng.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8))
     bidir = LLM(checkpoint("llama", attention="bidirectional"), dtype="float64")
     with pytest.raises(ConfigError, match="static_shapes=True is not supported for this model: .* without a KV"):
         bidir.engine(EngineConfig(static_shapes=True))
 
 
-def test_pool_slot_cache_is_a_prefix_cache():
-    pool = KVPool(2, 1, 4, torch.float64, "cpu", slots=2, capacity=8)
-    c = pool.new_cache(8)
-    assert isinstance(c, SlotCache) and c.capacity == 8 and pool.free_slots == 1
-    c.write(1, torch.ones(1, 3, 4), torch.full((1, 3, 4), 2.0))
+def _bytes(llm, bs: int, blocks: int) -> int:
+    """kv_cache_memory for a pool of `blocks` blocks of `bs` positions (one of them scratch)."""
+    s = llm.model.spec
+    return blocks * 2 * s.num_layers * s.num_kv_heads * s.head_dim * bs * llm.model.dtype.itemsize
+
+
+def test_paged_cache_blocks_and_slots():
+    pool = BlockPool(2, 1, 4, torch.float64, "cpu", 4, 2)  # 3 usable blocks of 2 positions
+    c = pool.new_cache()
+    f64 = dict(dtype=torch.float64)
+    c.write(1, torch.ones(1, 3, 4, **f64), torch.full((1, 3, 4), 2.0, **f64))
     c.commit_write()
-    assert c.length == 3 and pool.k[1, c.slot, :, :3].eq(1).all() and pool.v[1, c.slot, :, :3].eq(2).all()
-    with pytest.raises(RuntimeError, match="cannot hold"):
-        c.write(0, torch.ones(1, 6, 4), torch.ones(1, 6, 4))
+    assert c.length == 3 and c.blocks == [1, 2] and pool.free_blocks == 1
+    assert c.slots[:3].tolist() == [2, 3, 4]
+    assert c.k[1].eq(1).all() and c.v[1].eq(2).all() and c.view(1)[0].shape == (1, 3, 4)
+    assert not c.reserve(4) and c.blocks == [1, 2]  # 7 positions need 4 blocks: nothing taken
+    c.truncate(2)
+    assert c.blocks == [1] and pool.free_blocks == 2
+    with pytest.raises(RuntimeError, match="no free block"):
+        c.write(0, torch.ones(1, 8, 4, **f64), torch.ones(1, 8, 4, **f64))
     c.release()
     c.release()  # once only
-    assert pool.free_slots == 2
-    assert META == 7
+    assert pool.free_blocks == 3 and pool.k[:, :, :2].eq(0).all()  # the scratch block stays zero
+    assert META == 6
 
 
 def _cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -257,13 +270,13 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 def test_cli_flags(capsys):
     """`specfold generate --static-shapes` prints what the default engine prints; --cuda-graphs on the
-    CPU and a request past --max-seq-len are one line, exit 2."""
+    CPU and a request larger than --kv-cache-memory are one line, exit 2."""
     base = ("generate", "--prompt", "What is 7 + 8?", "--max-new-tokens", "16", "--method", "spiffy", "--quiet-stats")
     rc, plain, _ = _cli(capsys, *base)
     rc2, static, _ = _cli(capsys, *base, "--static-shapes")
     assert rc == rc2 == 0 and static == plain and plain.strip()
     for extra, message in ((("--cuda-graphs",), "error: cuda_graphs=True needs the model on a CUDA device, not 'cpu'"),
-                           (("--static-shapes", "--max-seq-len", "8"), "exceed the static KV pool's")):
+                           (("--static-shapes", "--kv-cache-memory", "150KiB"), "of KV cache (")):
         rc, _, err = _cli(capsys, *base, *extra)
         assert rc == 2 and len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
 
@@ -276,7 +289,7 @@ def test_cuda_graphs_same_tokens_float64(method):
     llm = LLM("tiny", dtype="float64", device="cuda")
     base = EngineConfig(draft_budget=64, max_num_seqs=8, **METHODS[method])
     want, _ = _run(llm, base, PROMPTS, MAX_NEW)
-    eng = llm.engine(base.replace(cuda_graphs=True, max_seq_len=64))
+    eng = llm.engine(base.replace(cuda_graphs=True, kv_block_size=5))
     for rnd in range(2):
         ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(zip(PROMPTS, MAX_NEW))]
         outs = {}

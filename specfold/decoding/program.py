@@ -122,12 +122,13 @@ class BlockProgram:
             st.store.clear(0)
             self._canvas_block(req, st, L)
             return
-        N = c.block_size
-        req.cache = new_cache(req.limit + N)
+        N, ctx = c.block_size, req.context_ids  # the prompt (+ the committed output, after a preemption)
+        L = len(ctx)
+        req.cache = new_cache(req.limit + N)  # it may hold a cached prefix of ctx already (never all of it)
         pre = (L // N) * N if self.spec.alignment == "absolute" else L
         st = req.state = BlockState("prefill", start=pre, drafting=req.config.draft_budget != 0)
-        st.seq = list(req.prompt_ids) + [self.M] * (req.limit + 2 * N - L)
-        if pre == 0:
+        st.seq = list(ctx) + [self.M] * (req.limit + 2 * N - L)
+        if req.cache.length == pre:
             self._new_block(req, st)
 
     def propose(self, req: DecodeRequest) -> Proposal | None:
@@ -184,10 +185,10 @@ class BlockProgram:
 
     # ================================================================ blocks
     def _new_block(self, req: DecodeRequest, st: BlockState) -> None:
-        N, L, start = req.config.block_size, len(req.prompt_ids), st.start
+        N, L, start = req.config.block_size, len(req.context_ids), st.start
         n_prompt = max(0, min(L - start, N))
         tokens = [self.M] * N
-        tokens[:n_prompt] = req.prompt_ids[start: start + n_prompt]
+        tokens[:n_prompt] = req.context_ids[start: start + n_prompt]
         st.lps = {}
         if st.seed is not None:  # seed-token families: the block's first position, predicted before it
             tokens[n_prompt] = st.seed
@@ -308,10 +309,10 @@ class BlockProgram:
 
     # ================================================================ jobs
     def _prefill_job(self, req: DecodeRequest, st: BlockState) -> Job:
-        pre, L = st.start, len(req.prompt_ids)
+        pre, L, h = st.start, len(req.context_ids), req.cache.length  # [0, h): from the prefix cache
         seed = self.spec.seed_token and pre == L
-        return Job([req.prompt_ids[:pre]], 0, req.cache, prefill_mask(self.spec.attention, req.config.block_size),
-                   write_cache=True, logits_at=[pre - 1] if seed else [], head=self.head, kind="prefill",
+        return Job([req.context_ids[h:pre]], h, req.cache, prefill_mask(self.spec.attention, req.config.block_size),
+                   write_cache=True, logits_at=[pre - h - 1] if seed else [], head=self.head, kind="prefill",
                    read=Read(logprobs=req.params.logprobs) if seed else None)
 
     def _commit_job(self, req: DecodeRequest, st: BlockState) -> Job:

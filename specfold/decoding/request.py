@@ -36,6 +36,8 @@ class Counters:
     node_hits: Counter = field(default_factory=Counter)
     budgets: Counter = field(default_factory=Counter)  # drafts verified -> verifications (the chosen budgets)
     fold: dict | None = None  # summed per-layer fold counters (folded verifiers only)
+    prefix_cache_hit_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    preemptions: int = 0  # times the engine preempted the request (it resumed with the same tokens)
 
     def add_fold(self, counts: dict | None) -> None:
         if counts is None:
@@ -54,7 +56,7 @@ class Counters:
         """Into `stats.extra`; `fold_report(counts) -> dict` derives the fold ratios (the verifier's)."""
         ex = stats.extra
         for name in ("prefill_forwards", "commit_forwards", "commits_reused", "reused_states", "drafts_verified",
-                     "eager_windows", "model_seconds", "draft_seconds"):
+                     "eager_windows", "model_seconds", "draft_seconds", "prefix_cache_hit_tokens", "preemptions"):
             ex[name] = getattr(self, name)
         ex["node_drafts"] = dict(sorted(self.node_drafts.items()))
         ex["node_hits"] = dict(sorted(self.node_hits.items()))
@@ -78,6 +80,8 @@ class DecodeRequest:
         self.output_logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.state = None  # the program's typed per-request state
         self.cache = None  # the request's PrefixCache (the program makes it)
+        # what the program prefills: the prompt, and after a preemption the prompt + committed output
+        self.context_ids = self.prompt_ids
 
     @property
     def limit(self) -> int:

@@ -2,8 +2,8 @@
 
 `plan_groups(jobs, idx, pool)` groups the jobs `idx` by window bucket; each group is padded to a
 bucket `(R, G, B, T, P)` (packed rows, forwards, branches, window rows, prefix keys), each size the
-smallest of `LADDER` that holds it (P: at least `MIN_PREFIX`, at most the pool's capacity). Host
-data only: job lists and cache lengths, never a device read. A `Group` carries its integers in
+smallest of `LADDER` that holds it (P: at least `MIN_PREFIX`). Host data only: job lists, cache
+lengths and block tables, never a device read. A `Group` carries its integers in
 models/static.py's `StaticBatch` layout, then its head rows grouped by head kind (packed row
 indices), ready to join the runner's one host-to-device copy.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from specfold.decoding.jobs import Job
-from specfold.models.pool import KVPool
-from specfold.models.static import FULL
+from specfold.models.pool import BlockPool
+from specfold.models.static import FULL, table_width
 
 
 def _ladder(top: int = 1 << 16) -> list[int]:
@@ -62,19 +62,19 @@ class Group:
     offset: int = 0  # where `ints` starts in the step's device buffer
 
 
-def plan_groups(jobs: list[Job], idx: list[int], pool: KVPool) -> list[Group]:
+def plan_groups(jobs: list[Job], idx: list[int], pool: BlockPool) -> list[Group]:
     by_t: dict[int, list[int]] = {}
     for i in idx:
         by_t.setdefault(bucket(jobs[i].width), []).append(i)
     return [_group([jobs[i] for i in g], g, T, pool) for T, g in by_t.items()]
 
 
-def _group(jobs: list[Job], idx: list[int], T: int, pool: KVPool) -> Group:
+def _group(jobs: list[Job], idx: list[int], T: int, pool: BlockPool) -> Group:
     G, B = bucket(len(jobs)), bucket(max(len(j.tokens) for j in jobs))
     R = bucket(sum(len(j.tokens) * j.width for j in jobs))
     top = max(j.cache.length for j in jobs)
-    P = 0 if top == 0 else min(bucket(top, MIN_PREFIX), pool.capacity)
-    lay = _Layout(B, T, pool.scratch)
+    P = 0 if top == 0 else bucket(top, MIN_PREFIX)
+    lay = _Layout(B, T, pool.block_size, table_width(P, pool.block_size))
     for g, j in enumerate(jobs):
         lay.add(g, j)
     lay.pad(R, G - len(jobs))
@@ -85,9 +85,9 @@ def _group(jobs: list[Job], idx: list[int], T: int, pool: KVPool) -> Group:
 class _Layout:
     """The integers of one group, built forward by forward (see models/static.py's layout)."""
 
-    def __init__(self, B: int, T: int, scratch: int):
-        self.B, self.T, self.scratch = B, T, scratch
-        self.tok, self.pos, self.wslot, self.wpos, self.scatter, self.gather, self.meta = [], [], [], [], [], [], []
+    def __init__(self, B: int, T: int, bs: int, width: int):
+        self.B, self.T, self.bs, self.width = B, T, bs, width
+        self.tok, self.pos, self.wslot, self.scatter, self.gather, self.meta, self.tables = [], [], [], [], [], [], []
         self.heads: dict[str, list[int]] = {}  # head kind -> its packed rows
         self.shapes: list[tuple | None] = []
 
@@ -96,38 +96,39 @@ class _Layout:
         for row in j.tokens:
             self.tok += row
         self.pos += list(range(j.start, j.start + t)) * nb
-        if j.write_cache:
-            self.wslot += [c.slot] * t
-            self.wpos += range(c.length, c.length + t)
+        bs = self.bs
+        if j.write_cache:  # the engine reserved these blocks before the step
+            self.wslot += [c.blocks[p // bs] * bs + p % bs for p in range(c.length, c.length + t)]
         else:
-            self.wslot += [self.scratch] * (nb * t)
-            self.wpos += [0] * (nb * t)
+            self.wslot += [0] * (nb * t)  # the scratch block
         base = g * B * T
         for b in range(nb):
             self.scatter += range(base + b * T, base + b * T + t)
             self.gather += range(r0 + b * t, r0 + b * t + t)
             self.gather += [r0] * (T - t)
         self.gather += [r0] * ((B - nb) * T)
-        self.meta += [j.start, c.slot, c.length, t, *mask_code(j.mask)]
+        self.meta += [j.start, c.length, t, *mask_code(j.mask)]
+        table = c.blocks[: -(-c.length // bs)]
+        self.tables += table + [0] * (self.width - len(table))
         rows, shape = head_rows(j, r0)
         kind = self.heads.setdefault(j.head, [])
         self.shapes.append((j.head, len(kind), len(rows), shape) if rows else None)
         kind += rows
 
     def pad(self, R: int, forwards: int) -> None:
-        """Padding rows (token 0 at position 0, writing the scratch slot) and padding forwards (the
-        scratch slot, length 0: every prefix key masked)."""
+        """Padding rows (token 0 at position 0, writing the scratch block) and padding forwards (length
+        0: every prefix key masked; the scratch block as their table)."""
         n = R - len(self.tok)
         self.tok += [0] * n
         self.pos += [0] * n
-        self.wslot += [self.scratch] * n
-        self.wpos += [0] * n
+        self.wslot += [0] * n
         self.scatter += [0] * n
         self.gather += [0] * (forwards * self.B * self.T)
-        self.meta += [0, self.scratch, 0, self.T, FULL, 0, 0] * forwards
+        self.meta += [0, 0, self.T, FULL, 0, 0] * forwards
+        self.tables += [0] * (forwards * self.width)
 
     def flat(self) -> tuple[list[int], list[tuple[str, int, int]]]:
-        ints = self.tok + self.pos + self.wslot + self.wpos + self.scatter + self.gather + self.meta
+        ints = self.tok + self.pos + self.wslot + self.scatter + self.gather + self.meta + self.tables
         kinds = []
         for kind, rows in self.heads.items():
             if rows:

@@ -6,11 +6,12 @@
         for d in engine.step():            # RequestDelta per request that advanced
             ...d.new_token_ids, d.text_delta, d.finished, d.output
 
-Each step: schedule (admit waiting requests, scheduler.py) -> every request that verifies proposes
-its verification, once (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
+Each step: schedule (admit waiting requests while the KV pool has room, scheduler.py, kv.py) ->
+every request that verifies proposes its verification, once (`program.propose`: root + the policy's drafts) -> the budget chooser picks the
 drafts of all of them at once (budget.py: a fixed N, or "auto", a bandit that measures the steps)
 -> `program.plan(req, pick)` for every running request, with its pick (host: the jobs it needs now)
--> `runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device
+-> the blocks of every write reserved (kv.py: preempting the most recently admitted request when the
+pool is short) -> `runner.run(jobs)` for those that fit the row budget (one packed model call, one host-to-device
 copy, one read back) -> `program.update(req, results)` (host: rules, drafts, bookkeeping; the
 positions the rule filled and the step's time go to the chooser) -> a `RequestDelta` for every
 request that finished or produced final tokens. The program is the block program (decoding/program.py) or a causal one: one interface.
@@ -38,7 +39,8 @@ from specfold.decoding.methods import get_method
 from specfold.decoding.program import BlockProgram
 from specfold.decoding.verify.fold import FoldStats
 from specfold.engine.budget import BudgetChooser
-from specfold.engine.graphs import check_pool_fits, static_parts
+from specfold.engine.graphs import static_runner
+from specfold.engine.kv import KVMemory
 from specfold.engine.mirror import MirroredRunner
 from specfold.engine.request import Request
 from specfold.engine.runner import ModelRunner
@@ -77,8 +79,9 @@ class Engine:
         self.model, self.spec, self.tokenizer = llm.model, llm.spec, getattr(llm, "tokenizer", None)
         self.config = (config or EngineConfig()).resolve(self.spec)
         self.program = program if program is not None else build_program(self.model, self.spec, self.config)
-        self.pool, static = static_parts(self.model, self.config)
-        self.new_cache = self.pool.new_cache if self.pool is not None else self.model.new_cache
+        self.kv = KVMemory(self.model, self.spec, self.config, self.program)  # the paged pool (engine/kv.py)
+        self.pool = self.kv.pool
+        static = static_runner(self.model, self.config, self.pool)
         self.runner = ModelRunner(self.model, self.program.verifier, self.spec.mask_token_id, static)
         leader = getattr(llm, "leader", None)  # tensor parallelism: the other ranks replay the runner
         if leader is not None:
@@ -98,8 +101,7 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise ParamsError("stop strings need a tokenizer; this checkpoint has none (use stop_token_ids)")
         cfg = self.config.for_request(self.spec, params.max_new_tokens, self.program.whole_blocks)
-        if self.pool is not None:
-            check_pool_fits(self.pool, len(prompt_ids), params.max_new_tokens, cfg)
+        self.kv.check(len(prompt_ids), params.max_new_tokens, cfg)
         return cfg
 
     def can_add(self) -> bool:
@@ -148,10 +150,10 @@ class Engine:
         touched: list[Request] = []
         self.budget.start_step()
         with torch.inference_mode():
-            for req in self.scheduler.admit(self.waiting, self.running):
-                self.program.start(req, self.new_cache)
+            self.scheduler.admit(self.waiting, self.running, lambda r: self.kv.fits(r, self.running),
+                                 lambda r: self.program.start(r, lambda _=None: self.kv.new_cache(r)))
             plans = self._plan(touched)
-            chosen = self.scheduler.select(plans)
+            chosen = self.kv.reserve(self.scheduler.select(plans), self.running, self._preempt)
             jobs = [j for _, js in chosen for j in js]
             t0 = time.perf_counter()
             results = self.runner.run(jobs)
@@ -169,6 +171,7 @@ class Engine:
                 touched.append(req)
                 if self.program.done(req):
                     self._finish(req, req.finish_reason or "length")
+            self.kv.seal(self.running)
             self.budget.end_step(filled)
         self.steps += 1
         for req in dict.fromkeys(touched):
@@ -197,9 +200,16 @@ class Engine:
                 touched.append(req)
         return out
 
+    def _preempt(self, req: Request) -> None:
+        """Free `req`'s blocks and state; it waits at the front and resumes from prompt + output."""
+        self.running.remove(req)
+        req.preempt()
+        self.waiting.appendleft(req)
+
     def _finish(self, req: Request, reason: str) -> None:
         if req in self.running:
             self.running.remove(req)
+            self.kv.finished()
         req.finish(reason)
 
     def _delta(self, req: Request) -> RequestDelta | None:

@@ -1,7 +1,7 @@
 """Static-shape buckets and CUDA graphs (EngineConfig(static_shapes=True) / cuda_graphs=True).
 
 The runner hands this part the step's jobs that can run with fixed shapes (`eligible`): a dense
-forward against a pool slot (models/pool.py), no hidden states returned, a window of at most
+forward against the engine's paged pool (models/pool.py), no hidden states returned, a window of at most
 `MAX_WINDOW` rows. engine/buckets.py groups them and pads each group to a bucket, from host data
 only. The group's integers (models/static.py's `StaticBatch` layout) and its head rows are
 appended to the runner's one host-to-device copy; `run` copies them device-to-device into the
@@ -29,9 +29,9 @@ import torch
 
 from specfold.decoding.jobs import Job
 from specfold.engine.buckets import LADDER, MAX_WINDOW, Group, plan_groups
-from specfold.errors import ConfigError, ParamsError
-from specfold.models.pool import KVPool, SlotCache
-from specfold.models.static import META, StaticBatch, static_forward
+from specfold.errors import ConfigError
+from specfold.models.pool import BlockPool
+from specfold.models.static import META, StaticBatch, static_forward, table_width
 from specfold.models.transformer import Transformer
 
 
@@ -47,7 +47,7 @@ class Bucket:
 
 
 class StaticRunner:
-    def __init__(self, model: Transformer, pool: KVPool, cuda_graphs: bool = False):
+    def __init__(self, model: Transformer, pool: BlockPool, cuda_graphs: bool = False):
         self.model, self.pool, self.cuda_graphs = model, pool, cuda_graphs
         self.buckets: dict[tuple, Bucket] = {}
         self._mempool = None
@@ -68,11 +68,9 @@ class StaticRunner:
 
     def eligible(self, job: Job) -> bool:
         c = job.cache
-        if job.kind == "reuse" or job.return_hidden or not isinstance(c, SlotCache) or c.pool is not self.pool:
+        if job.kind == "reuse" or job.return_hidden or c is None or c.pool is not self.pool:
             return False
-        if job.width > MAX_WINDOW or len(job.tokens) > LADDER[-1]:
-            return False
-        return c.length + (job.width if job.write_cache else 0) <= self.pool.capacity
+        return job.width <= MAX_WINDOW and len(job.tokens) <= LADDER[-1]
 
     # ------------------------------------------------------------------ host: buckets and integers
     def plan(self, jobs: list[Job], idx: list[int]) -> list[Group]:
@@ -105,12 +103,13 @@ class StaticRunner:
         b = self.buckets.get(key)
         if b is None:
             R, G, B, T, P = key
-            ints = torch.zeros(5 * R + G * B * T + G * META, dtype=torch.long, device=self.model.device)
+            W = table_width(P, self.pool.block_size)
+            ints = torch.zeros(4 * R + G * B * T + G * META + G * W, dtype=torch.long, device=self.model.device)
             parts, o = [], 0
-            for n in (R, R, R, R, R, G * B * T, G * META):
+            for n in (R, R, R, R, G * B * T, G * META, G * W):
                 parts.append(ints[o: o + n])
                 o += n
-            parts[-1] = parts[-1].view(G, META)
+            parts[-2], parts[-1] = parts[-2].view(G, META), parts[-1].view(G, W)
             b = self.buckets[key] = Bucket(ints, StaticBatch(*parts, G, B, T, P))
         return b
 
@@ -149,33 +148,16 @@ class StaticRunner:
         self.captures += 1
 
 
-DEFAULT_SEQ_LEN = 2048  # pool positions per request when EngineConfig.max_seq_len is unset (+ 2 blocks)
-
-
-def static_parts(model: Transformer, config) -> tuple[KVPool | None, StaticRunner | None]:
-    """The engine's KV pool and static runner for `config` (None, None when static shapes are off).
+def static_runner(model: Transformer, config, pool: BlockPool | None) -> StaticRunner | None:
+    """The engine's static runner over its paged pool for `config` (None when static shapes are off).
     ConfigError (one line) for CUDA graphs off CUDA or a model static shapes cannot run."""
     if not (config.static_shapes or config.cuda_graphs):
-        return None, None
+        return None
     what = "cuda_graphs" if config.cuda_graphs else "static_shapes"
     if config.cuda_graphs and model.device.type != "cuda":
         raise ConfigError(f"cuda_graphs=True needs the model on a CUDA device, not {str(model.device)!r}; "
                           f"use static_shapes=True for the same padded steps without graphs")
     why = StaticRunner.supports(model)
-    if why is not None:
+    if why is not None or pool is None:
         raise ConfigError(f"{what}=True is not supported for this model: {why}; leave it off")
-    s = model.spec
-    seq = config.max_seq_len or min(s.max_position_embeddings, DEFAULT_SEQ_LEN)
-    with torch.inference_mode():
-        pool = KVPool.for_model(model, config.max_num_seqs, seq + 2 * (config.block_size or s.block_size))
-    return pool, StaticRunner(model, pool, config.cuda_graphs)
-
-
-def check_pool_fits(pool: KVPool, n_prompt: int, max_new_tokens: int, cfg) -> None:
-    """ParamsError when a request could outgrow its pool slot (prompt + max_new_tokens + 2 blocks of
-    headroom: the most any program asks for), decided when the request is added."""
-    need = n_prompt + max_new_tokens + 2 * cfg.block_size
-    if need > pool.capacity:
-        raise ParamsError(f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + 2 blocks = {need} "
-                          f"positions exceed the static KV pool's {pool.capacity} per request; lower "
-                          f"max_new_tokens or raise max_seq_len (EngineConfig.max_seq_len, --max-seq-len)")
+    return StaticRunner(model, pool, config.cuda_graphs)

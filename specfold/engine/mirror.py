@@ -8,8 +8,9 @@ chooser and the reads; every other rank replays rank 0's device work on its shar
 What crosses (one message per step, broadcast from rank 0 over the control channel, in place of
 the runner's one host-to-device copy): the step's `Job`s, which are host data already, with each
 device object replaced by a reference every rank resolves to its own copy:
-- a prefix cache -> `CacheRef` (an id, its capacity and current length: a LinearSpec `truncate` on
-  rank 0 reaches the others as the length; a static-shape pool slot by its slot number);
+- a prefix cache -> `CacheRef` (an id, its capacity, current length and block table: every rank's
+  pool has the same blocks, and rank 0 takes a write's blocks before the step, so the others only
+  copy the table; a LinearSpec `truncate` on rank 0 reaches them as the length and table);
 - a reuse job's hidden states -> `HiddenRef` (which earlier result, which rows).
 Every rank then runs the same `ModelRunner.run` over the same jobs: the same packed call, the same
 fold decisions (the hidden states are equal on every rank after each all-reduce), and only rank 0
@@ -41,8 +42,8 @@ class CacheRef:
     id: int
     capacity: int
     length: int
-    pool: int | None = None  # the engine whose static-shape pool holds it (then `slot`)
-    slot: int | None = None
+    blocks: tuple[int, ...] = ()
+    pool: int | None = None  # the engine whose pool holds it (None: a private pool of `capacity`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +104,7 @@ class Leader:
         key = next(self.engines)
         if pool is not None:
             self._pools[id(pool)] = key
-        self.send("engine", key, config)
+        self.send("engine", key, config, None if pool is None else pool.num_blocks)
         return key
 
     def cache(self, c) -> CacheRef | None:
@@ -113,10 +114,8 @@ class Leader:
         if n is None:
             n = self._caches[c] = next(self._ids)
             weakref.finalize(c, self.forget, ("cache", n))
-        pool = getattr(c, "pool", None)
-        if pool is not None:
-            return CacheRef(n, c.capacity, c.length, self._pools[id(pool)], c.slot)
-        return CacheRef(n, c.capacity, c.length)
+        blocks = tuple(c.blocks)
+        return CacheRef(n, c.pool.usable * c.pool.block_size, c.length, blocks, self._pools.get(id(c.pool)))
 
     def hidden(self, h: HiddenRows | None) -> HiddenRef | None:
         return None if h is None else HiddenRef(h.source.ref, h.branch, h.start, h.stop)

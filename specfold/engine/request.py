@@ -4,9 +4,9 @@ needs to schedule and stream it.
 
 Invariants:
 - the program's state is `req.state` (typed, the program's own); the engine never reads inside it;
-- memory is bounded by the request's own length: the prefix cache holds prompt + max_new_tokens
-  (+ one block), the program's state one verification batch of host scores; `free()` drops all of
-  it on finish/abort;
+- memory is bounded by the request's own length: the prefix cache holds the blocks of what it has
+  written, the program's state one verification batch of host scores; `free()` drops all of it on
+  finish/abort, `preempt()` too (the request then resumes from `context_ids`: prompt + output);
 - `reported` counts the output ids already handed out in a `RequestDelta`.
 """
 from __future__ import annotations
@@ -44,11 +44,18 @@ class Request(DecodeRequest):
         self.cache = None
         self.state = None
 
+    def preempt(self) -> None:
+        """Free everything; the request resumes by prefilling its prompt and committed output."""
+        self.free()
+        self.context_ids = self.prompt_ids + self.output_ids
+        self.counters.preemptions += 1
+
     def memory_bytes(self) -> int:
-        """Bytes held in device tensors right now (the prefix cache; eager: the last batch's hidden states)."""
+        """Bytes held in device tensors right now (the prefix cache's blocks; eager: the last batch's
+        hidden states)."""
         n = 0
         if self.cache is not None:
-            n += self.cache.k.numel() * self.cache.k.element_size() * 2
+            n += self.cache.nbytes
         last = getattr(self.state, "last_batch", None)
         if last is not None and last[1] is not None:
             n += sum(h.numel() * h.element_size() for h in last[1])

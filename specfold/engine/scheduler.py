@@ -1,8 +1,10 @@
 """Scheduling: admission under `max_num_seqs` and the per-step row budget (draft budgets: budget.py).
 
 Rules (EngineConfig documents the knobs):
-- admission: waiting requests join in arrival order while fewer than `max_num_seqs` run; the engine
-  refuses a request (`EngineFull`) when `max_num_seqs + max_waiting` are already held;
+- admission: waiting requests join in order while fewer than `max_num_seqs` run and the KV pool
+  has room for the next one (`fits`: its context's blocks and one more are free, engine/kv.py); a
+  preempted request waits at the front; the engine refuses a request (`EngineFull`) when
+  `max_num_seqs + max_waiting` are already held;
 - a step runs the pending forwards of running requests in arrival order while their token rows
   (branches × window) fit `max_num_batched_tokens`; the first always runs, so a step never stalls;
   a request whose jobs do not fit is planned again next step (planning is pure). This is the one
@@ -27,9 +29,9 @@ class Scheduler:
         c = self.config
         return n_held >= c.max_num_seqs + c.max_waiting
 
-    def admit(self, waiting: deque, running: list[Request]) -> list[Request]:
+    def admit(self, waiting: deque, running: list[Request], fits=None) -> list[Request]:
         joined = []
-        while waiting and len(running) < self.config.max_num_seqs:
+        while waiting and len(running) < self.config.max_num_seqs and (fits is None or fits(waiting[0])):
             req = waiting.popleft()
             running.append(req)
             joined.append(req)

@@ -12,10 +12,10 @@ import torch
 
 from specfold.decoding.jobs import HiddenRows
 from specfold.engine.engine import build_program
-from specfold.engine.graphs import static_parts
+from specfold.engine.graphs import static_runner
 from specfold.engine.mirror import CacheRef, HiddenRef
 from specfold.engine.runner import ModelRunner
-from specfold.models.pool import SlotCache
+from specfold.models.pool import BlockPool
 
 
 class Follower:
@@ -47,7 +47,7 @@ class Follower:
             if what == "engine":
                 self.pools.pop(ref, None)
         if kind == "engine":
-            self._engine(key, payload[0])
+            self._engine(key, *payload)
         elif kind == "run":
             wire, = payload
             runner = self.runners[key]
@@ -61,9 +61,10 @@ class Follower:
         else:
             raise RuntimeError(f"internal error: unknown tensor-parallel message {kind!r}")
 
-    def _engine(self, key: int, config) -> None:
+    def _engine(self, key: int, config, num_blocks: int | None) -> None:
         program = build_program(self.model, self.spec, config)
-        pool, static = static_parts(self.model, config)
+        pool = None if num_blocks is None else BlockPool.for_model(self.model, num_blocks, config.kv_block_size)
+        static = static_runner(self.model, config, pool)
         runner = ModelRunner(self.model, program.verifier, self.spec.mask_token_id, static)
         runner.reads = False  # rank 0 reads
         self.runners[key], self.pools[key] = runner, pool
@@ -73,11 +74,15 @@ class Follower:
             return None
         c = self.caches.get(ref.id)
         if c is None:
-            if ref.pool is not None:
-                c = SlotCache(self.pools[ref.pool], ref.slot)
-            else:
-                c = self.model.new_cache(ref.capacity)
+            pool = self.pools[ref.pool] if ref.pool is not None else None
+            c = pool.new_cache() if pool is not None else self.model.new_cache(ref.capacity)
             self.caches[ref.id] = c
+        if tuple(c.blocks) != ref.blocks:  # rank 0's table (its allocator took the blocks: copy, never take)
+            keep = 0
+            while keep < min(len(c.blocks), len(ref.blocks)) and c.blocks[keep] == ref.blocks[keep]:
+                keep += 1
+            del c.blocks[keep:]
+            c._append(list(ref.blocks[keep:]))
         c.length = ref.length
         return c
 

@@ -5,8 +5,8 @@ A call attends G forwards of one shape (B branches of T window rows each) at onc
 - queries [G, Hkv, B*g*T, D]: the g query heads that share a KV head (GQA, H = g * Hkv, head
   h = kv * g + j) ride as extra query rows, so K/V are never repeated per head;
 - keys and values [G, Hkv, P + B*T, D]: the forward's prefix (zero-padded to the group's longest, P)
-  followed by every branch's window keys. The prefix is read once per forward, never copied per
-  branch;
+  followed by every branch's window keys. The prefix is gathered from the paged pool once per
+  group and layer (one `index_select` over the members' slots), never copied per branch;
 - an additive float bias [G, 1, B*g*T, P + B*T] (0 = may attend, -inf = may not): a row sees its
   forward's valid prefix keys and, of the window keys, only its own branch's under the window mask.
 
@@ -16,7 +16,7 @@ are built once per call, so a layer costs a handful of ops however many forwards
 `attention` (one forward, `Transformer.forward`) and `attend_padded` (fixed shapes,
 `models/static.py`) run the same core.
 
-Shapes: q [B,H,T,D]; k, v [B,Hkv,T,D]; a forward's prefix pk, pv [Hkv,P,D] (zero-copy cache views);
+Shapes: q [B,H,T,D]; k, v [B,Hkv,T,D]; a forward's prefix pk, pv [Hkv,P,D] (gathered from its blocks);
 window mask [T,T] (True = may attend) or None (full).
 
 Invariants:
@@ -128,6 +128,8 @@ class Group:
     dst: list[int]  # the members with a prefix (their slices of ka, va are the copy targets)
     dk: list[torch.Tensor]
     dv: list[torch.Tensor]
+    pool: object = None  # the one KV pool of every member's prefix (then `slots`), else None
+    slots: torch.Tensor | None = None  # [G * P] each member's prefix slots, padded with the scratch slot
 
     @staticmethod
     def split(forwards: list[Forward], idx: list[int], starts: list[int], shapes: list[tuple[int, int]],
@@ -165,14 +167,25 @@ class Group:
         ka = like.new_zeros(G, hkv, P + B * T, D)
         va = like.new_zeros(G, hkv, P + B * T, D)
         dst = [j for j, n in enumerate(lengths) if n]
-        return Group(idx, starts[idx[0]], starts[idx[-1]] + B * T, B, T, g, P, lengths, bias, ka, va, dst,
-                     [ka[j, :, : lengths[j]] for j in dst], [va[j, :, : lengths[j]] for j in dst])
+        grp = Group(idx, starts[idx[0]], starts[idx[-1]] + B * T, B, T, g, P, lengths, bias, ka, va, dst,
+                    [ka[j, :, : lengths[j]] for j in dst], [va[j, :, : lengths[j]] for j in dst])
+        pools = {id(forwards[idx[j]].cache.pool): forwards[idx[j]].cache.pool for j in dst}
+        if len(pools) == 1:  # one gather per layer over the shared pool instead of a copy per member
+            grp.pool = next(iter(pools.values()))
+            grp.slots = torch.zeros(G * P, dtype=torch.long, device=dev)
+            for j in dst:
+                grp.slots[j * P: j * P + lengths[j]] = forwards[idx[j]].cache.slots[: lengths[j]]
+        return grp
 
     def attend(self, forwards: list[Forward], layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                scale: float) -> torch.Tensor:
         """Packed q [R,H,D], k, v [R,Hkv,D] of this layer -> this group's rows [hi - lo, H*D]."""
         G, B, T, P = len(self.idx), self.B, self.T, self.P
-        if self.dst:
+        if self.pool is not None:
+            hkv, D = self.ka.shape[1], self.ka.shape[3]
+            for src, dst in ((self.pool.k[layer], self.ka), (self.pool.v[layer], self.va)):
+                dst[:, :, :P].copy_(src.index_select(1, self.slots).view(hkv, G, P, D).transpose(0, 1))
+        elif self.dst:
             views = [forwards[self.idx[j]].cache.view(layer) for j in self.dst]
             if any(pk.shape[1] != self.lengths[j] for (pk, _), j in zip(views, self.dst)):
                 raise RuntimeError("internal error: a prefix cache changed length inside a forward")

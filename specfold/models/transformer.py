@@ -8,11 +8,11 @@ the position-wise work over their packed rows and attention per forward against 
 `write_kv` writes a window's K/V from hidden states a forward returned (no forward):
 
     tokens [B, T]  positions [T]  mask [T, T] (window query x window key, True = may attend)
-    every query also sees the whole cached prefix [0, P) through zero-copy views.
+    every query also sees the whole cached prefix [0, P), gathered from its blocks (models/cache.py).
 
 Invariants:
-- the prefix cache is read through views, copied at most once per forward and layer (into the
-  attention's key buffer, models/attention.py), never once per branch;
+- the prefix cache is gathered from the paged pool at most once per forward and layer (into the
+  attention's key buffer, models/attention.py: one gather per group of forwards), never per branch;
 - `write_cache=True` (B == 1) appends the window's K/V after the forward: prefill and commit;
 - `logits_at` selects window positions before the head (the head is the largest matmul of a small
   model's forward: compute it only where a rule reads);
@@ -30,6 +30,7 @@ from specfold.models.forward import Forward, ForwardResult
 from specfold.models.cache import PrefixCache
 from specfold.models.moe import MoE
 from specfold.models.parallel import ONE, Parallel, local_spec
+from specfold.models.pool import BlockPool
 from specfold.models.rope import Rope, apply_rope
 from specfold.models.spec import ModelSpec
 
@@ -123,9 +124,10 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def new_cache(self, capacity: int = 256) -> PrefixCache:
-        s = self.spec
-        return PrefixCache(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.device, capacity)
+    def new_cache(self, capacity: int = 256, block_size: int = 16) -> PrefixCache:
+        """A cache over a private pool of `capacity` positions that grows when a write needs more
+        (tests, the cost model's calibration; the engine's requests share its fixed pool instead)."""
+        return BlockPool.for_model(self, -(-max(capacity, 1) // block_size) + 1, block_size, growable=True).new_cache()
 
     def qkv(self, layer: Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             qscale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -37,9 +37,11 @@ def causal_head(spec: ModelSpec, method: str) -> str:
 
 
 def prefill_job(req, head: str) -> Job:
-    """The prompt through one causal forward that writes the cache; the choice at its last position."""
-    L = len(req.prompt_ids)
-    return Job([list(req.prompt_ids)], 0, req.cache, ("causal",), write_cache=True, logits_at=[L - 1], head=head,
+    """The context (the prompt, or after a preemption the prompt + output) through one causal forward
+    that writes the cache after the prefix-cache hit [0, h); the choice at its last position."""
+    ctx, h = req.context_ids, req.cache.length
+    L = len(ctx)
+    return Job([list(ctx[h:])], h, req.cache, ("causal",), write_cache=True, logits_at=[L - h - 1], head=head,
                kind="prefill", read=causal_read(req, [L]))
 
 

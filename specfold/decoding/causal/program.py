@@ -25,7 +25,7 @@ class CausalProgram:
 
     def start(self, req, new_cache) -> None:
         req.cache = new_cache(len(req.prompt_ids) + req.params.max_new_tokens + 2 * self.program.N)
-        req.state = CausalState()
+        req.state = CausalState(generated=list(req.output_ids))  # a preempted request resumes after them
 
     def plan(self, req, pick=None) -> list[Job]:
         st: CausalState = req.state
