@@ -223,10 +223,10 @@ def test_settings_errors(bc, checkpoint):
         EngineConfig(static_shapes="yes")
     eng = bc.engine(EngineConfig(static_shapes=True, kv_block_size=4, kv_cache_memory=_bytes(bc, 4, 8)))
     assert eng.pool.usable == 7  # one block is scratch
-    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=8))  # 4 + 8 + 16 = 28 = 7 blocks
-    with pytest.raises(ParamsError, match=r"needs .* \(8 blocks: prompt 5 \+ max_new_tokens 8 \+ 2 blocks of 8\) "
+    eng.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=16))  # 4 + 16 + 8 = 28 = 7 blocks
+    with pytest.raises(ParamsError, match=r"needs .* \(8 blocks: prompt 5 \+ max_new_tokens 16 \+ a block of 8\) "
                                           r"and the KV pool has .* \(7 blocks\); lower max_new_tokens"):
-        eng.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=8))
+        eng.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=16))
     bidir = LLM(checkpoint("llama", attention="bidirectional"), dtype="float64")
     with pytest.raises(ConfigError, match="static_shapes=True is not supported for this model: .* without a KV"):
         bidir.engine(EngineConfig(static_shapes=True))

@@ -12,7 +12,8 @@ Invariants:
 - the blocks of a write are taken before the step runs (`reserve`), so a forward never finds the
   pool short; when it is, the most recently admitted running request is preempted (`preempt`
   frees its blocks and requeues it at the front) until the write fits or the writer itself went;
-- a request is refused when added if prompt + max_new_tokens + 2 blocks exceed the whole pool, so a
+- a request is refused when added if prompt + max_new_tokens + 1 block exceed the whole pool (no
+  program writes more: the last block is never committed, LinearSpec crops its drafts), so a
   request alone always fits and the oldest running request is never preempted: every request ends;
 - a block enters the prefix cache only once every token its K/V depend on is written and final
   (checked after each step's update, when LinearSpec has cropped its rejected drafts).
@@ -88,7 +89,7 @@ class KVMemory:
     def __init__(self, model, spec, config, program):
         self.pool = make_pool(model, spec, config)
         self.keys = None
-        if self.pool is not None and prefix_caching(spec, config, program):
+        if prefix_caching(spec, config, program):
             causal = spec.attention == "causal_prefix" or isinstance(program, CausalProgram)
             group = 1 if causal else config.block_size or spec.block_size
             salt = f"{fingerprint(spec)}|{model.dtype}|bs{self.pool.block_size}|g{group}"
@@ -103,20 +104,25 @@ class KVMemory:
         p = self.pool
         if p is None:
             return
-        need = -(-(n_prompt + max_new_tokens + 2 * cfg.block_size) // p.block_size)
+        need = -(-(n_prompt + max_new_tokens + cfg.block_size) // p.block_size)
         if need > p.usable:
             raise ParamsError(
                 f"the request needs {fmt_bytes(need * p.block_bytes)} of KV cache ({need} blocks: prompt "
-                f"{n_prompt} + max_new_tokens {max_new_tokens} + 2 blocks of {cfg.block_size}) and the KV pool "
+                f"{n_prompt} + max_new_tokens {max_new_tokens} + a block of {cfg.block_size}) and the KV pool "
                 f"has {fmt_bytes(p.usable * p.block_bytes)} ({p.usable} blocks); lower max_new_tokens or raise "
                 f"kv_cache_memory")
 
-    def fits(self, req) -> bool:
-        """Admission: the request's context blocks (less prefix-cache hits) and one more are free."""
+    def fits(self, req, running=()) -> bool:
+        """Admission: the request's context blocks (less prefix-cache hits) and one more are free,
+        and no running request is about to write the block after its hits (then it waits a step
+        and takes that block from the cache instead of computing it again)."""
         p = self.pool
         if p is None:
             return True
-        hit = self._match(req.context_ids)
+        keys = self._keys(req.context_ids)
+        hit = self._match(keys)
+        if len(hit) < len(keys) and any(keys[len(hit)] in r.cache.expected for r in running if r.cache):
+            return False
         idle = sum(1 for b in hit if p.refs[b] == 0)  # taking these makes them unavailable to others
         need = -(-len(req.context_ids) // p.block_size) - len(hit) + 1
         return need <= p.free_blocks - idle
@@ -124,7 +130,9 @@ class KVMemory:
     def new_cache(self, req):
         """`req`'s cache, holding the prefix cache's blocks of its context (read-only)."""
         c = self.pool.new_cache()
-        hit = self._match(req.context_ids)
+        keys = self._keys(req.context_ids)
+        hit = self._match(keys)
+        c.expected = set(keys[len(hit):])  # what its prefill will register (admission waits for them)
         if self.keys is not None:
             self.queries += len(req.context_ids)
             self.hits += len(hit) * self.pool.block_size
@@ -138,13 +146,17 @@ class KVMemory:
             self.keys.keys(req.context_ids, 0, c.chain, self.keys.end(len(hit) - 1))
         return c
 
-    def _match(self, ids: list[int]) -> list[int]:
-        """The cached blocks of the longest cached prefix of `ids`, short of its last token (the
-        prefill that follows reads the logits there)."""
+    def _keys(self, ids: list[int]) -> list[bytes]:
+        """The keys of the blocks of `ids` short of its last token (the prefill that follows a hit
+        reads the logits there)."""
         if self.keys is None or len(ids) < 2:
             return []
+        return self.keys.keys(ids, 0, [], len(ids) - 1)
+
+    def _match(self, keys: list[bytes]) -> list[int]:
+        """The cached blocks of the longest cached prefix with these keys."""
         out = []
-        for key in self.keys.keys(ids, 0, [], len(ids) - 1):
+        for key in keys:
             b = self.pool.lookup(key)
             if b is None:
                 break
@@ -188,6 +200,7 @@ class KVMemory:
             for i, key in enumerate(keys, start=c.keyed):
                 self.pool.register(c.blocks[i], key)
             c.keyed += len(keys)
+            c.expected.difference_update(keys)
 
     def health(self) -> dict:
         p = self.pool

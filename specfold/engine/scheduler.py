@@ -29,12 +29,16 @@ class Scheduler:
         c = self.config
         return n_held >= c.max_num_seqs + c.max_waiting
 
-    def admit(self, waiting: deque, running: list[Request], fits=None) -> list[Request]:
+    def admit(self, waiting: deque, running: list[Request], fits=None, start=None) -> list[Request]:
+        """Move waiting requests to `running` while they fit; `start(req)` runs as each joins (before
+        the next is considered: its cache is part of what `fits` sees)."""
         joined = []
         while waiting and len(running) < self.config.max_num_seqs and (fits is None or fits(waiting[0])):
             req = waiting.popleft()
             running.append(req)
             joined.append(req)
+            if start is not None:
+                start(req)
         return joined
 
     def select(self, plans: list[tuple[Request, list]]) -> list[tuple[Request, list]]:

@@ -31,6 +31,7 @@ class PrefixCache:
         self.shared = 0  # leading blocks taken from the prefix cache
         self.keyed = 0  # leading blocks registered in the pool's prefix cache (engine/kv.py)
         self.chain: list[bytes] = []  # prefix-cache chain hashes of the leading full blocks (engine/prefix.py)
+        self.expected: set = set()  # prefix-cache keys of its context its prefill will register (engine/kv.py)
 
     @property
     def capacity(self) -> int:
@@ -119,3 +120,4 @@ class PrefixCache:
         """Every block back to the pool (once; later calls do nothing)."""
         self.pool.drop(self.blocks)
         self.blocks, self.length, self.tokens, self.shared, self.keyed, self.chain = [], 0, [], 0, 0, []
+        self.expected = set()
