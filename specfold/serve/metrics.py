@@ -18,6 +18,9 @@ Invariants:
   - `specfold:time_to_first_token_seconds`, `specfold:e2e_request_latency_seconds`: from the HTTP
     request's arrival (before parsing and tokenizing) to the first final token / to the final
     delta, per engine request;
+  - `specfold:kv_cache_usage_perc` (0-1: the KV pool's blocks held by requests; cached blocks nobody
+    holds count as free), `specfold:num_preemptions_total`, `specfold:prefix_cache_queries_total` and
+    `specfold:prefix_cache_hits_total` (prompt tokens looked up and found): vLLM's names, local runner only;
   - `specfold:fold_ratio`: per finished request, folded / verified draft positions (SpecFold; requests
     that verified no draft position are not observed);
   - `specfold:request_success_total{finished_reason}`: engine requests by how they ended ("stop",
@@ -65,6 +68,15 @@ class ServerMetrics:
         self.budget = Histogram("specfold:draft_budget", "Drafts verified per verification (the chosen budgets).",
                                 buckets=BUDGET_BUCKETS, registry=r)
         self.verified = Counter("specfold:drafts_verified", "Drafts verified by the finished requests.", registry=r)
+        self.kv_state = getattr(runner, "kv_state", None)  # the engine's KV pool (a local runner)
+        if self.kv_state is not None:
+            Gauge("specfold:kv_cache_usage_perc", "Share of the KV pool's blocks held by requests (0-1).",
+                  registry=r).set_function(lambda: self.kv_state()["kv_cache_usage_perc"])
+            self.kv_counts = {name: Counter(f"specfold:{name}", text, registry=r) for name, text in (
+                ("num_preemptions", "Requests preempted (their blocks freed; they resumed later)."),
+                ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
+                ("prefix_cache_hits", "Prompt tokens whose K/V came from the prefix cache."))}
+            self._kv_seen = dict.fromkeys(self.kv_counts, 0)
 
     def track(self, arrival: float, prompt_lengths: list[int]) -> "Tracker":
         """An accepted HTTP request: one engine request per prompt length (in choice order)."""
@@ -87,6 +99,11 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest
+        if self.kv_state is not None:  # the engine's running counts -> the counters
+            st = self.kv_state()
+            for name, c in self.kv_counts.items():
+                c.inc(max(0, st[name] - self._kv_seen[name]))
+                self._kv_seen[name] = max(st[name], self._kv_seen[name])
         return generate_latest(self.registry)
 
 

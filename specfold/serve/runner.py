@@ -128,9 +128,16 @@ class EngineRunner:
         """(running, waiting) requests in the engine (approximate off the engine thread: /metrics)."""
         return self.engine.num_running(), len(self.engine.waiting)
 
+    def kv_state(self) -> dict:
+        """The KV pool's blocks and the engine's preemption and prefix-cache counts (approximate off
+        the engine thread: /metrics, /health)."""
+        kv = self.engine.kv
+        return {**kv.health(), "num_preemptions": kv.preemptions, "prefix_cache_queries": kv.queries,
+                "prefix_cache_hits": kv.hits}
+
     def health(self) -> dict:
-        """What /health reports besides its status: live requests and the counters."""
-        return {"running": self.running(), **asdict(self.counters)}
+        """What /health reports besides its status: live requests, the counters, the KV pool."""
+        return {"running": self.running(), **asdict(self.counters), **self.kv_state()}
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
