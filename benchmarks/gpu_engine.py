@@ -39,7 +39,7 @@ def prompts(llm: LLM, n: int, length: int = 24) -> list[list[int]]:
 
 def run(llm: LLM, method: str, batch: int, max_new: int, cuda: bool, mode: str) -> dict:
     cfg = EngineConfig(method=method, max_num_seqs=batch, cuda_graphs=mode == "graphs",
-                       static_shapes=mode != "eager", max_seq_len=256)
+                       static_shapes=mode != "eager")
     eng = llm.engine(cfg)
     out = None
     for _ in range(2):  # warm-up, then the measured pass on the same engine (its graphs captured)

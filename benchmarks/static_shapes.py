@@ -78,7 +78,7 @@ def main() -> None:
             best: dict[bool, dict] = {}
             for r in range(a.rounds):
                 for static in ((False, True) if r % 2 == 0 else (True, False)):
-                    res = decode(llm, cfg.replace(static_shapes=static, max_seq_len=256), prompts, a.max_new_tokens)
+                    res = decode(llm, cfg.replace(static_shapes=static), prompts, a.max_new_tokens)
                     if static not in best or res["seconds"] < best[static]["seconds"]:
                         best[static] = res
             off, on = best[False], best[True]

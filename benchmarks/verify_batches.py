@@ -30,11 +30,13 @@ class Batch:
 def _copy_cache(c: PrefixCache | None) -> PrefixCache | None:
     if c is None:
         return None
-    L, hkv, _, D = c.k.shape
-    new = PrefixCache(L, hkv, D, c.k.dtype, c.k.device, capacity=max(c.length, 1))
-    new.k[:, :, : c.length] = c.k[:, :, : c.length]
-    new.v[:, :, : c.length] = c.v[:, :, : c.length]
-    new.length = c.length
+    from specfold.models.pool import BlockPool
+    k, v = c.k, c.v  # [L, Hkv, length, D], gathered
+    L, hkv, n, D = k.shape
+    new = BlockPool(L, hkv, D, k.dtype, k.device, -(-max(n, 1) // 16) + 1, 16, growable=True).new_cache()
+    for li in range(L):
+        new.write(li, k[li], v[li])
+    new.commit_write()
     return new
 
 

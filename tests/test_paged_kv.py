@@ -119,13 +119,13 @@ def test_causal_programs_equal_cache_free_ar(nld, method):
 
 
 # ---------------------------------------------------------------------------- preemption
-SIXTEEN = [[(7 * i + j) % 90 + 1 for j in range(3 + (5 * i) % 13)] for i in range(16)]
-SIXTEEN_NEW = [24 + (3 * i) % 17 for i in range(16)]
-FIRST = ([1, 2, 3, 4, 5, 6], 40)
+SIXTEEN = [[(7 * i + j) % 90 + 1 for j in range(15 - (5 * i) % 13)] for i in range(16)]
+SIXTEEN_NEW = [40 - (3 * i) % 17 for i in range(16)]
+FIRST = (list(range(1, 21)), 48)  # holds the oldest place: the pool is sized for it and one more
 
 
 def _preempted(llm, cfg: EngineConfig, bs: int = 4, prompts=SIXTEEN, max_new=SIXTEEN_NEW, first=FIRST,
-               slack: int = 2, spared: int = 0):
+               slack: int = 0, spared: int = 0):
     """The tokens of a pool just larger than the largest request's refusal bound (prompt +
     max_new_tokens + 2 blocks: about two requests' working sets) and of one with room to spare; every
     one of the 16 was preempted (all but `spared`: where a request can finish before the pool is
@@ -177,7 +177,7 @@ def test_forced_preemption_nld(nld, method):
     new = [mx] * 16 if mx else SIXTEEN_NEW
     cfg = EngineConfig(method=method, threshold=0.5, branches=4, draft_budget=64)
     first = (list(range(1, 61)), 40) if method != "vanilla" else FIRST  # AR grows one token at a time
-    _preempted(nld, cfg, prompts=SIXTEEN, max_new=new, first=first, slack=0 if method != "vanilla" else 2,
+    _preempted(nld, cfg, prompts=SIXTEEN, max_new=new, first=first,
                spared=int(method == "linear_spec_multi"))  # its rounds end the first request early
 
 
