@@ -161,7 +161,7 @@ class EngineConfig:
     drafts). Budgets change speed, never tokens.
     KV memory: every request's K/V live in blocks of `kv_block_size` positions of one preallocated
     pool of `kv_cache_memory` bytes (an int or a string such as "2GiB"; unset: `gpu_memory_utilization`
-    of the GPU's memory less what is in use once the weights are loaded, on CUDA, or an eighth of the
+    (0.9) of the GPU's memory less what is in use once the weights are loaded, on CUDA, or an eighth of the
     RAM on the CPU, logged). A request is admitted when its prompt's blocks and one more are free; when
     a running request needs a block and none is free, the most recently admitted one is preempted (it
     resumes later with the same tokens). `enable_prefix_caching` (None: on where exact, engine/kv.py)
@@ -209,8 +209,8 @@ class EngineConfig:
     kv_cache_memory: int | str | None = setting(None, "bytes of the paged KV pool, e.g. 2GiB or 1000000 (unset: "
                                                       "gpu_memory_utilization of the GPU after the weights on CUDA, "
                                                       "an eighth of the RAM on the CPU)", metavar="BYTES")
-    gpu_memory_utilization: float = setting(0.9, "CUDA, kv_cache_memory unset: the share of the GPU's memory the "
-                                                 "process may fill")
+    gpu_memory_utilization: float | None = setting(None, "CUDA, kv_cache_memory unset: the share of the GPU's "
+                                                        "memory the process may fill, in (0, 1] (unset: 0.9)")
     kv_block_size: int = setting(16, "positions per KV block")
     enable_prefix_caching: bool | None = setting(None, "share the KV blocks of equal prompt prefixes (unset: on "
                                                        "where exact)")
@@ -245,8 +245,8 @@ class EngineConfig:
         self.static_shapes = self.static_shapes or self.cuda_graphs
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes("kv_cache_memory", self.kv_cache_memory)
-        if isinstance(self.gpu_memory_utilization, bool) or not isinstance(self.gpu_memory_utilization, (int, float)) \
-                or not 0 < self.gpu_memory_utilization <= 1:
+        u = self.gpu_memory_utilization
+        if u is not None and (isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u <= 1):
             raise ParamsError(f"gpu_memory_utilization must be a number in (0, 1], got {self.gpu_memory_utilization!r}")
         _int("kv_block_size", self.kv_block_size, 1)
         if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):

@@ -61,7 +61,7 @@ def make_pool(model, spec, config) -> BlockPool | None:
     s = model.spec
     block = 2 * s.num_layers * s.num_kv_heads * s.head_dim * bs * model.dtype.itemsize
     nbytes, how = (config.kv_cache_memory, "kv_cache_memory") if config.kv_cache_memory else \
-        default_bytes(model.device, config.gpu_memory_utilization)
+        default_bytes(model.device, config.gpu_memory_utilization or 0.9)
     n = nbytes // block
     if n < 2:
         raise ConfigError(f"the KV pool of {fmt_bytes(max(nbytes, 0))} ({how}) holds {max(n, 0)} blocks of "
