@@ -8,8 +8,10 @@ one thread; SPEC §9), vanilla decoding under its native rule, every request add
 - concurrency: 64 requests of mixed lengths (prompts 16-256 random tokens, 16-48 new tokens).
   `main` is the engine before paging (`--base`: a checkout of the commit before this work, run in
   its own process), which reserves prompt + max_new_tokens + one block per request; `paged, ample`
-  has that memory; `paged, 1/4` has a quarter of it (kv_cache_memory). Completed requests/s on the
-  process CPU clock, preemptions, and the peak KV bytes the requests held.
+  has that memory; `paged, 1/4` has a quarter of it (kv_cache_memory), with prefix caching off (every
+  resume prefills again) and on (the default: a resumed request finds its own blocks unless they
+  were evicted). Completed requests/s on the process CPU clock, preemptions, and the peak KV bytes
+  the requests held.
 - prefix caching: 64 requests sharing a `--system`-token system prompt (+ 8-40 own tokens, 16 new),
   caching off and on: median time to first token (TTFT, from t = 0, process CPU clock) and
   completed requests/s.
@@ -84,6 +86,7 @@ RUNS = [  # (section, label, tree, kind, memory share, prefix caching)
     ("concurrency", "main (reserves every request's maximum)", "base", "mixed", None, None),
     ("concurrency", "paged, ample memory", "paged", "mixed", None, "off"),
     ("concurrency", "paged, 1/4 of main's reservation", "paged", "mixed", 0.25, "off"),
+    ("concurrency", "paged, 1/4, prefix caching on (the default)", "paged", "mixed", 0.25, "on"),
     ("prefix", "paged, prefix caching off", "paged", "shared", None, "off"),
     ("prefix", "paged, prefix caching on", "paged", "shared", None, "on"),
 ]
@@ -105,9 +108,11 @@ def main() -> None:
     if a.one:
         print(json.dumps(one(a)))
         return
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from provenance import header, write_result
+    head = header()
     if not a.model:
-        sys.path.insert(0, str(ROOT))
-        sys.path.insert(0, str(ROOT / "benchmarks"))
         from widened import widened_folder
         a.model, _ = widened_folder("tiny", "0.5b", None, Path(a.runs))
     out = {"model": a.model, "requests": a.requests, "system": a.system, "runs": {}}
@@ -127,18 +132,20 @@ def main() -> None:
     c, p = runs["concurrency"], runs["prefix"]
     base = c.get("main (reserves every request's maximum)", c["paged, ample memory"])
     q = c["paged, 1/4 of main's reservation"]
+    qon = c["paged, 1/4, prefix caching on (the default)"]
     off, on = p["paged, prefix caching off"], p["paged, prefix caching on"]
     out["summary"] = {
         "quarter_vs_main_requests_per_s": q["requests_per_s"] / base["requests_per_s"],
         "quarter_tokens_equal_main": q["tokens"] == base["tokens"],
+        "quarter_cached_vs_main_requests_per_s": qon["requests_per_s"] / base["requests_per_s"],
+        "quarter_cached_tokens_equal_main": qon["tokens"] == base["tokens"],
         "ttft_off_over_on": off["median_ttft_s"] / on["median_ttft_s"],
         "throughput_on_over_off": on["requests_per_s"] / off["requests_per_s"],
         "prefix_tokens_equal": on["tokens"] == off["tokens"],
         "peak_kv_over_reservation": q["peak_kv_bytes"] / base["reservation_bytes"],
     }
     print(json.dumps(out["summary"], indent=1), file=sys.stderr)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
+    write_result(a.out, head, out)
 
 
 if __name__ == "__main__":

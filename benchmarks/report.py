@@ -558,6 +558,32 @@ def moe_layer(ctx: Ctx) -> list[str]:
                     "result"], rows)]
 
 
+def paged_kv(ctx: Ctx) -> list[str]:
+    d = ctx.load("paged_kv.json")
+    runs = d["runs"]
+    conc, pre = runs["concurrency"], runs["prefix"]
+    main = next(iter(conc.values()))
+    off = pre.get("paged, prefix caching off")
+    rows = []
+    for section, group, ref in (("concurrency", conc, main), ("prefix caching", pre, off)):
+        for label, r in group.items():
+            rows.append([section, label, f2(r["requests_per_s"], 3), x(r["requests_per_s"] / ref["requests_per_s"]),
+                         f2(r["median_ttft_s"]), x(ref["median_ttft_s"] / r["median_ttft_s"]), str(r["preemptions"]),
+                         f"{r['peak_kv_bytes'] / 2**20:.1f}", f"{r['reservation_bytes'] / 2**20:.1f}",
+                         "yes" if r["tokens"] == ref["tokens"] else "no", ctx.link("paged_kv.json")])
+    return ["The paged KV cache (issue 41) on the tiny model widened to 0.5B width (a cost proxy, float32, one "
+            f"thread), vanilla under its native rule, all {d['requests']} requests added at t = 0. Concurrency: "
+            "prompts of 16-256 random tokens, 16-48 new; `main` is the engine before paging (a checkout of its "
+            "commit, run in its own process), which reserves prompt + max_new_tokens + a block per request "
+            "(`reserved MiB`); the paged rows have that memory or a quarter of it (kv_cache_memory). Prefix "
+            f"caching: a shared {d['system']}-token system prompt + 8-40 own tokens, 16 new. Requests/s and the "
+            "median time to first token on the process CPU clock (from t = 0); ratios against the first row of "
+            "each section (TTFT: first row / this row); peak KV = blocks held at most at once.", "",
+            *provenance(ctx, "paged_kv.json"), "",
+            *table(["section", "engine", "requests/s", "ratio", "median TTFT s", "TTFT ratio", "preemptions",
+                    "peak KV MiB", "reserved MiB", "same tokens", "result"], rows)]
+
+
 @dataclass(frozen=True)
 class Area:
     """One section of BENCHMARKS.md: its title, the result files it reads (left out when the first is
@@ -581,6 +607,7 @@ AREAS: list[Area] = [
           "Fresh problems (issue 23): Table 1 and the engine table again, on problems no split has seen")),
     Area("Host overhead of the engine", ("engine_overhead.json",), engine_overhead, engine_overhead_headline,
          ("The batch-first decode program (issue 19): host overhead and throughput, side by side with d696ee3",)),
+    Area("The paged KV cache: a memory budget and prefix caching", ("paged_kv.json",), paged_kv, None),
     Area("Static shapes on the CPU", ("static_shapes.json",), static_shapes, None,
          ("Static shapes on the CPU (issue 19): the price of padding, with no graph to pay for it",)),
     Area("Folded verification on the tiny model", ("specfold_verify.json",), fold_verify, fold_verify_headline,
