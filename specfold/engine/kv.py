@@ -3,7 +3,7 @@ cache and the one-line refusal of a request that cannot fit.
 
     kv = KVMemory(model, spec, config, program)   # kv.pool: BlockPool, or None (no KV cache)
     kv.check(n_prompt, max_new_tokens, cfg)       # ParamsError when the request could never fit
-    kv.fits(req)                                  # admission: its context's blocks + 1 are free
+    kv.fits(req, running)                         # admission: its context's blocks + 1 are free
     kv.new_cache(req)                             # its cache, with the prefix cache's matching blocks
     chosen = kv.reserve(chosen, running, preempt) # every write of the step has its blocks
     kv.seal(running)                              # full final blocks enter the prefix cache
@@ -12,6 +12,8 @@ Invariants:
 - the blocks of a write are taken before the step runs (`reserve`), so a forward never finds the
   pool short; when it is, the most recently admitted running request is preempted (`preempt`
   frees its blocks and requeues it at the front) until the write fits or the writer itself went;
+  after a preemption nobody is admitted until a request finishes (or none runs): the freed blocks
+  are for the running requests' growth, and re-admitting at once would only preempt again;
 - a request is refused when added if prompt + max_new_tokens + 1 block exceed the whole pool (no
   program writes more: the last block is never committed, LinearSpec crops its drafts), so a
   request alone always fits and the oldest running request is never preempted: every request ends;
@@ -95,6 +97,7 @@ class KVMemory:
             salt = f"{fingerprint(spec)}|{model.dtype}|bs{self.pool.block_size}|g{group}"
             self.keys = PrefixKeys(salt, self.pool.block_size, group)
         self.preemptions = 0
+        self.short = False  # a preemption since the last request finished: admit nobody new meanwhile
         self.queries = 0  # prefix-cache queries and hits, in tokens (vLLM's metrics)
         self.hits = 0
 
@@ -119,6 +122,8 @@ class KVMemory:
         p = self.pool
         if p is None:
             return True
+        if self.short and running:  # the running requests need the blocks a preemption freed
+            return False
         keys = self._keys(req.context_ids)
         hit = self._match(keys)
         if len(hit) < len(keys) and any(keys[len(hit)] in r.cache.expected for r in running if r.cache):
@@ -179,6 +184,7 @@ class KVMemory:
                 victim = running[-1]
                 preempt(victim)
                 self.preemptions += 1
+                self.short = True
                 out = [(r, js) for r, js in out if r is not victim]
                 if victim is req:
                     break
@@ -187,6 +193,10 @@ class KVMemory:
                     req.cache.tokens[j.start:] = j.tokens[0]
                 out.append((req, jobs))
         return out
+
+    def finished(self) -> None:
+        """A request ended: its blocks are free for newcomers again."""
+        self.short = False
 
     def seal(self, reqs) -> None:
         """Register every running cache's full blocks whose K/V are final (after the step's update)."""
