@@ -23,6 +23,8 @@ class FailingEngine:
 
     def __init__(self, fail: int):
         self.fail, self.live = fail, []
+        self.kv = SimpleNamespace(health=lambda: {"kv_blocks_total": 0, "kv_blocks_free": 0, "kv_cache_usage_perc": 0.0},
+                                  preemptions=0, queries=0, hits=0)  # no KV pool: what /metrics and /health read
 
     def add_request(self, prompt_ids, params, request_id=None):
         assert isinstance(params, SamplingParams)

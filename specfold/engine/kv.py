@@ -215,7 +215,7 @@ class KVMemory:
     def health(self) -> dict:
         p = self.pool
         if p is None:
-            return {"kv_blocks_total": 0, "kv_blocks_free": 0}
+            return {"kv_blocks_total": 0, "kv_blocks_free": 0, "kv_cache_usage_perc": 0.0}  # no cache (a canvas)
         return {"kv_blocks_total": p.usable, "kv_blocks_free": p.free_blocks, "kv_block_size": p.block_size,
                 "kv_cache_bytes": p.usable * p.block_bytes, "kv_cache_usage_perc": self.usage(),
                 "prefix_cache_blocks": p.cached_blocks}
