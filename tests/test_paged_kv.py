@@ -52,7 +52,11 @@ def _bytes(llm, bs: int, blocks: int) -> int:
 
 
 def _run(llm, cfg: EngineConfig, prompts, max_new, first=None):
-    """Every request through one engine (after `first`, which then holds the oldest place)."""
+    """Every request through one engine (after `first`, which then holds the oldest place). A pool of
+    4096 blocks unless the test sizes it (the CPU default, an eighth of the RAM, is millions of blocks
+    here, and the check below walks them all after every step)."""
+    if cfg.kv_cache_memory is None:
+        cfg = cfg.replace(kv_cache_memory=_bytes(llm, cfg.kv_block_size, 4096))
     eng = llm.engine(cfg)
     jobs = ([first] if first else []) + list(zip(prompts, max_new))
     ids = [eng.add_request(p, SamplingParams(max_new_tokens=n, seed=i)) for i, (p, n) in enumerate(jobs)]
