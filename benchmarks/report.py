@@ -249,31 +249,36 @@ def _bars(x_van: float, rel: float, trail: float) -> bool:
 def draft_budgets(ctx: Ctx) -> list[str]:
     cells = draft_cells(ctx)
     model = any(c["model"] is not None for c in cells)
-    rows = [[c["cell"], c["method"], str(c["units"]), x(c["auto"]), f"{c['best']} ({x(c['best_x'])})", f2(c["rel"], 3),
-             f"{c['trail']:.3f} (vs {c['trailed']})", x(c["zero"]), f2(c["drafts"]), f2(c["match"]), yes(c["bars"])]
-            + (_earlier(c) if model else []) + [ctx.link(DB_FILE)] for c in cells]
-    cols = ["cell", "method", "units", "auto ×v", "best fixed (×v)", "auto / best", "auto / trailed budget",
-            "budget 0 ×v", "drafts/verif. (auto)", "match", "both bars"] + \
-        (["earlier chooser ×v", "earlier: both bars"] if model else []) + ["result"]
+    by: dict[str, list[dict]] = {}
+    for c in cells:
+        by.setdefault(c["cell"], []).append(c)
+    rows = [[cell, str(cs[0]["units"]), " / ".join(c["method"] for c in cs), " / ".join(x(c["auto"]) for c in cs),
+             " / ".join(f"{c['best']} {x(c['best_x'])}" for c in cs),
+             " / ".join(f"{c['rel']:.3f} {c['trail']:.3f}" for c in cs), " / ".join(x(c["zero"]) for c in cs),
+             " / ".join(f2(c["drafts"]) for c in cs), " / ".join(_yes(c["bars"]) for c in cs)]
+            + ([" / ".join(x(c["model"]) for c in cs), " / ".join(_yes(c["model_bars"]) for c in cs)] if model else [])
+            + [ctx.link(DB_FILE)] for cell, cs in by.items()]
+    cols = ["cell", "units", "methods", "auto ×v", "best fixed (×v)", "auto / best, / trailed", "budget 0 ×v",
+            "drafts/verif. (auto)", "auto: both bars"] + (["earlier ×v", "earlier: both bars"] if model else []) + ["result"]
     met = sum(c["bars"] for c in cells)
     runs_, met_ = sum(c["model"] is not None for c in cells), sum(bool(c["model_bars"]) for c in cells)
     earlier = (f" The earlier chooser (a cost model with acceptance estimates, {EARLIER_LINES}), measured beside it "
-               f"in the same units: **{met_} of {runs_}**.{_budget_lines(ctx)} The side-by-side runs on branch `issue42-matrix` (the engine of "
-               f"02c9e57 with main's bandit beside the earlier chooser; budget `model` is the earlier one).") \
-        if model else ""
+               f"in the same units: **{met_} of {runs_}**.{_budget_lines(ctx)} The side-by-side runs on branch "
+               "`issue42-matrix` (the engine of 02c9e57 with main's bandit beside the earlier chooser; budget `model` "
+               "is the earlier one).") if model else ""
     return ["`draft_budget=\"auto\"` against vanilla and every fixed budget, per cell (width × rule × batch) and "
-            "method, configurations interleaved per unit. \"×v\": the median over units of tokens per CPU-second "
-            "against vanilla in the same unit; \"auto / best\": the ratio of auto's and the best fixed budget's "
-            "medians; \"auto / trailed budget\": the median over units of auto against the fixed budget it trails "
-            "most, in the same unit; budget 0 (vanilla's work) shows what a cell resolves. Both bars: auto ≥ 0.97x "
-            "vanilla, and ≥ 0.97 by both auto-against-best measures. 0.5B width is a cost proxy (a widened tiny "
-            f"model). SpecFold runs at δ = 0.05 (approximate; match = share of its tokens equal to vanilla's). "
-            f"**auto (the bandit): {met} of {len(cells)} rows meet both bars.**{earlier}", "",
-            *provenance(ctx, DB_FILE), "", *table(cols, rows)]
+            "method (the methods of a cell separated by /), configurations interleaved per unit. \"×v\": the median "
+            "over units of tokens per CPU-second against vanilla in the same unit; \"auto / best\": the ratio of "
+            "auto's and the best fixed budget's medians; \"/ trailed\": the median over units of auto against the "
+            "fixed budget it trails most, in the same unit; budget 0 (vanilla's work) shows what a cell resolves. "
+            "Both bars: auto ≥ 0.97x vanilla, and ≥ 0.97 by both auto-against-best measures. 0.5B width is a cost "
+            "proxy (a widened tiny model). SpecFold runs at δ = 0.05 (approximate). "
+            f"**auto (the bandit): {met} of {len(cells)} (cell, method) rows meet both bars.**{earlier}", "",
+            " ".join(provenance(ctx, DB_FILE)), "", *table(cols, rows)]
 
 
-def _earlier(c: dict) -> list[str]:
-    return ["—", "—"] if c["model"] is None else [x(c["model"]), yes(c["model_bars"])]
+def _yes(v: bool | None) -> str:
+    return "—" if v is None else ("yes" if v else "no")
 
 
 EARLIER_LINES = ("1,539 lines at a81735d: engine/budget.py 702, engine/cost.py 524, decoding/drafts/acceptance.py "
@@ -293,8 +298,10 @@ def draft_budgets_headline(ctx: Ctx) -> str:
     pay = [c for c in cells if c["drafts"] >= 0.3]
     best = max(pay, key=lambda c: c["auto"]) if pay else None
     tail = f"; where drafts pay, up to {x(best['auto'])} ({best['method']}, {best['cell']})" if best else ""
+    earlier = [c["model_bars"] for c in cells if c["model"] is not None]
+    beside = f" (the earlier chooser, in the same units: {sum(earlier)} of {len(earlier)})" if earlier else ""
     return (f"`draft_budget=\"auto\"`: {sum(c['bars'] for c in cells)} of {len(cells)} (cell, method) rows at ≥ 0.97x "
-            f"vanilla and within 3 % of the best fixed budget{tail}")
+            f"vanilla and within 3 % of the best fixed budget{beside}{tail}")
 
 
 COLD = "cold_start.json"

@@ -76,16 +76,16 @@ def test_renders_each_area_from_its_result_file(tmp_path):
     # the matrix: one row per cell x method; auto against vanilla, the best fixed budget, the one it trails
     db = [ln for ln in text.splitlines() if ln.startswith("| native width")]
     assert len(db) == 2
-    assert db[0].startswith("| native width, static rule, batch 1 | freedave | 4 | 1.20x | 2 (1.25x) | 0.960 | "
-                            "0.960 (vs 2) | 1.00x | 1.30 | 1.00 | **no** | 1.10x |")
-    assert db[1].startswith("| native width, native rule, batch 16 | spiffy | 2 | 0.99x | 0 (1.00x) | 0.990 | "
-                            "0.990 (vs 0) | 1.00x | 0.00 | 1.00 | yes | — |")
+    link = "[draft_budgets_matrix.json](benchmarks/results/draft_budgets_matrix.json)"
+    # one row per cell, its methods separated by /; auto, the best fixed budget, both auto-against-best measures,
+    # budget 0, drafts per verification, auto's bars, then the earlier chooser's figure and its own bars
+    assert db[0] == ("| native width, static rule, batch 1 | 4 | freedave | 1.20x | 2 1.25x | 0.960 0.960 | 1.00x | "
+                     f"1.30 | no | 1.10x | no | {link} |")
+    assert db[1] == ("| native width, native rule, batch 16 | 2 | spiffy | 0.99x | 0 1.00x | 0.990 0.990 | 1.00x | "
+                     f"0.00 | yes | — | — | {link} |")
     assert "(commit abcdef1, 2026-12-08; x86_64 CPU, device cpu, 1 thread)" in text
-    assert "**auto (the bandit): 1 of 2 rows meet both bars.**" in text
-    # the earlier chooser's own verdict beside auto's: 1.10x vanilla, 0.88 of the best fixed budget
-    assert db[0].endswith("| 1.10x | **no** | [draft_budgets_matrix.json](benchmarks/results/draft_budgets_matrix.json) |")
-    assert db[1].endswith("| — | — | [draft_budgets_matrix.json](benchmarks/results/draft_budgets_matrix.json) |")
-    assert "measured beside it in the same units: **" in text
+    assert "**auto (the bandit): 1 of 2 (cell, method) rows meet both bars.**" in text
+    assert "measured beside it in the same units: **0 of 1**" in text  # its 1.10x is 0.88 of the best fixed
     block = readme.read_text()
     assert block.startswith("# x\n\nkept above\n\n") and block.endswith("\n\nkept below\n")
     assert "old headlines" not in block and "`draft_budget=\"auto\"`: 1 of 2" in block
