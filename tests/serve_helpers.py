@@ -42,3 +42,16 @@ def wait_until(cond, what: str, limit: float = 60.0, every: float = 0.02) -> Non
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up waiting for {what}")
         time.sleep(every)
+
+
+def wait_for_server(p, url: str) -> None:
+    """Until the `specfold serve` process `p` answers /health at `url` (its stderr if it exits first)."""
+    import httpx
+
+    def up():
+        assert p.poll() is None, p.stderr.read()
+        try:
+            return httpx.get(url + "/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+    wait_until(up, "specfold serve to start", limit=300, every=0.2)

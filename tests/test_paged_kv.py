@@ -17,20 +17,11 @@ import pytest
 import torch
 
 from specfold import LLM, DecodeParams, EngineConfig, SamplingParams
-from specfold.decoding.drafts.graph import DraftGraph, Node
 from specfold.errors import ConfigError, ParamsError
 from specfold.models.pool import BlockPool
 from tests.reference_decode import reference_decode
+from tests.test_static_shapes import METHODS, MIXED  # the same methods and graph
 
-MIXED = DraftGraph([Node(0, ((0, 0),)), Node(1, ((0, 0),)), Node(0, ((1, 0),)), Node(0, ((0, 1),)),
-                    Node(2, ((0, 0), (1, 0))), Node(0, ((0, 0), (1, 0))), Node(3, ((0, 0),))])
-METHODS = {
-    "vanilla": dict(method="vanilla"),
-    "freedave": dict(method="freedave", draft_depth=6),
-    "freedave_eager": dict(method="freedave", draft_depth=6, eager=True),
-    "spiffy": dict(method="spiffy", branches=7, graph=MIXED),
-    "specfold": dict(method="specfold", drafts="spiffy", branches=7, graph=MIXED, delta=0.0),
-}
 FAMILIES = {  # block 8: KV blocks of 3 and 5 do not divide it, 4 and 16 do (16 spans two)
     "bc": ("qwen2", dict(attention="block_causal")),
     "bc_shift": ("qwen2", dict(attention="block_causal", logits_shift=True, seed_token=True)),

@@ -28,7 +28,7 @@ from specfold import LLM  # noqa: E402
 from specfold.engine.engine import Engine  # noqa: E402
 from specfold.params import EngineConfig, SamplingParams  # noqa: E402
 from specfold.serve.app import ServeConfig, create_app  # noqa: E402
-from tests.serve_helpers import LiveServer, wait_until  # noqa: E402
+from tests.serve_helpers import LiveServer, wait_for_server, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.slow  # servers under load, subprocess servers, large bodies
 
@@ -331,13 +331,7 @@ def test_specfold_serve_with_a_key_and_a_cap(sig, status, line):
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     url = f"http://127.0.0.1:{port}"
     try:
-        def up():
-            assert p.poll() is None, p.stderr.read()
-            try:
-                return httpx.get(url + "/health", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
-        wait_until(up, "specfold serve to start", limit=300, every=0.2)
+        wait_for_server(p, url)
         body = {"model": "tiny", "prompt": Q, "max_tokens": 4}
         assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 401
         key = {"Authorization": "Bearer k-123"}

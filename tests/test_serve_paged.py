@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 import httpx  # noqa: E402
 
 from specfold import LLM, SamplingParams  # noqa: E402
-from tests.serve_helpers import wait_until  # noqa: E402
+from tests.serve_helpers import wait_for_server  # noqa: E402
 
 pytestmark = pytest.mark.slow  # a subprocess server under load
 
@@ -51,13 +51,7 @@ def test_32_openai_clients_under_a_small_kv_pool():
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        def up():
-            assert p.poll() is None, p.stderr.read()
-            try:
-                return httpx.get(url + "/health", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
-        wait_until(up, "specfold serve to start", limit=300, every=0.2)
+        wait_for_server(p, url)
         health = httpx.get(url + "/health", timeout=30).json()
         assert health["kv_blocks_total"] == 11 and health["kv_blocks_free"] == 11, health
         got: dict = {}
