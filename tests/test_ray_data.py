@@ -32,7 +32,8 @@ def untimed(rec: dict) -> dict:
 def test_eval_ray_writes_the_records_and_scores_of_the_local_run(tmp_path, capsys):
     ray_cluster()
     from specfold.cli import main
-    base = ["eval", "--model", "tiny", "--tasks", "tiny", "--limit", "16", "--no-progress"]
+    # prefix caching off: with it, a record's forward counts depend on which requests shared an engine
+    base = ["eval", "--model", "tiny", "--tasks", "tiny", "--limit", "16", "--no-progress", "--no-enable-prefix-caching"]
     assert main(base + ["--ray", "--replicas", "2", "--out", str(tmp_path / "ray.jsonl")]) == 0
     on_ray = capsys.readouterr().out
     assert main(base + ["--out", str(tmp_path / "local.jsonl")]) == 0
