@@ -162,11 +162,11 @@ class EngineConfig:
     KV memory: every request's K/V live in blocks of `kv_block_size` positions of one preallocated
     pool of `kv_cache_memory` bytes (an int or a string such as "2GiB"; unset: `gpu_memory_utilization`
     (0.9) of the GPU's memory less what is in use once the weights are loaded, on CUDA, or an eighth of the
-    RAM on the CPU, logged). A request is admitted when its prompt's blocks and one more are free; when
-    a running request needs a block and none is free, the most recently admitted one is preempted (it
-    resumes later with the same tokens). `enable_prefix_caching` (None: on where exact, engine/kv.py)
-    shares the blocks of equal prompt prefixes between requests. `static_shapes`: the runner pads the
-    step's dense forwards to bucket sizes (engine/graphs.py), reading K/V through block tables; the
+    RAM on the CPU, capped at what `max_num_seqs` requests of the full context need; logged). A request
+    is admitted when its prompt's blocks and one more are free; when a running request needs a block
+    and none is free, the most recently admitted one is preempted (it resumes later with the same
+    tokens). `enable_prefix_caching` (None: on where exact, engine/kv.py) shares the blocks of equal
+    prompt prefixes between requests. `static_shapes`: the runner pads the step's dense forwards to bucket sizes (engine/graphs.py), reading K/V through block tables; the
     tokens are the same. `cuda_graphs` (CUDA only; implies static_shapes) also captures one CUDA graph
     per bucket and replays it."""
     method: str = setting("vanilla", "decode method: vanilla or a speculative one")

@@ -65,6 +65,12 @@ def make_pool(model, spec, config) -> BlockPool | None:
     nbytes, how = (config.kv_cache_memory, "kv_cache_memory") if config.kv_cache_memory else \
         default_bytes(model.device, config.gpu_memory_utilization or 0.9)
     n = nbytes // block
+    if not config.kv_cache_memory and model.device.type != "cuda":
+        # no more than the engine can use: max_num_seqs requests at the model's full context (a CPU
+        # process may hold several engines, and each pool is allocated whole)
+        most = config.max_num_seqs * (-(-(spec.max_position_embeddings + (config.block_size or 0)) // bs) + 1) + 1
+        if n > most:
+            n, how = most, f"{how}, capped at {config.max_num_seqs} requests of the full context"
     if n < 2:
         raise ConfigError(f"the KV pool of {fmt_bytes(max(nbytes, 0))} ({how}) holds {max(n, 0)} blocks of "
                           f"{bs} positions ({fmt_bytes(block)} each); it needs at least 2: raise kv_cache_memory")
