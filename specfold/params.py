@@ -167,8 +167,9 @@ class EngineConfig:
     and none is free, the most recently admitted one is preempted (it resumes later with the same
     tokens). `enable_prefix_caching` (None: on where exact, engine/kv.py) shares the blocks of equal
     prompt prefixes between requests. `static_shapes`: the runner pads the step's dense forwards to
-    bucket sizes (engine/graphs.py), reading K/V through block tables; the tokens are the same. `cuda_graphs` (CUDA only; implies static_shapes) also captures one CUDA graph
-    per bucket and replays it."""
+    bucket sizes (engine/graphs.py), reading K/V through block tables; the tokens are the same.
+    `cuda_graphs` (CUDA only; implies static_shapes) also captures one CUDA graph per bucket and
+    replays it."""
     method: str = setting("vanilla", "decode method: vanilla or a speculative one")
     rule: str | None = setting(None, "unmask rule (unset: the model family's)", choices=RULES)
     block_size: int | None = setting(None, "positions decoded as one block (unset: the family's)")
