@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -94,7 +93,6 @@ class BudgetChooser:
         self.auto = self.budget == "auto"
         self.drafts = getattr(program, "drafts", False)  # the program proposes drafts
         self.clock = clock_for(device)
-        self.chosen = Counter()  # drafts verified per verification -> count (this engine)
         self.arms: dict[int, list[Arm]] = {}
         self.rng = random.Random(0)
         self._arm = self._next = 0  # indices into ARMS: this step's arm, the next step's (auto)
@@ -166,12 +164,10 @@ class BudgetChooser:
             bucket, arm = self._played
             self._arms(bucket)[arm].add(filled, seconds)
 
-    def record(self, n_drafts: int) -> None:
-        self.chosen[n_drafts] += 1
-
     def report(self) -> dict:
-        """Engine-wide: the budgets verified, and per bucket each arm's plays and positions per second."""
-        return {"draft_budget": self.budget, "budgets": dict(sorted(self.chosen.items())),
+        """Per bucket each arm's plays and positions per second (the budgets verified are in each
+        request's stats: `draft_budgets`)."""
+        return {"draft_budget": self.budget,
                 "arms": {f"batch<={2 ** b}": {ARMS[i]: (a.plays, round(a.rate, 2)) for i, a in enumerate(arms)}
                          for b, arms in sorted(self.arms.items())}}
 

@@ -160,9 +160,6 @@ class Engine:
             dt = time.perf_counter() - t0
             i = filled = 0
             for req, js in chosen:
-                for j in js:
-                    if j.kind == "verify":
-                        self.budget.record(len(j.tokens) - 1)
                 req.counters.model_seconds += dt
                 before = req.counters.filled
                 self.program.update(req, results[i: i + len(js)])
