@@ -287,7 +287,8 @@ EARLIER_LINES = ("1,539 lines at a81735d: engine/budget.py 702, engine/cost.py 5
 
 def _budget_lines(ctx: Ctx) -> str:
     """The bandit's lines, as the matrix file records them (`lines`: file -> lines at the measured code)."""
-    n = ctx.load(DB_FILE).get("lines") if isinstance(ctx.load(DB_FILE), dict) else None
+    d = ctx.load(DB_FILE)
+    n = d.get("lines") if isinstance(d, dict) else None
     if not n:
         return ""
     return f" The bandit's budget component: {sum(n.values())} lines ({', '.join(f'{f} {k}' for f, k in n.items())})."
